@@ -1,0 +1,7 @@
+//! Every on-disk ext4 and jbd2 structure: parse from bytes, write to bytes, checksums, hashes.
+//!
+//! This layer is pure: no I/O, no locks, no allocation policy. Field names follow the
+//! kernel's `ext4.h` so that anyone who knows ext4 finds their way.
+
+pub mod bytes;
+pub mod csum;
