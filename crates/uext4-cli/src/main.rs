@@ -1,1 +1,66 @@
-fn main() {}
+//! `uext4`: the command-line face of the uext4 engine.
+//!
+//! Every subcommand names files inside an image as `IMAGE:/path` (as e2tools' e2cp
+//! does). Exit status is 0 on success and 1 with a one-line message on stderr.
+
+mod cmd_cp;
+mod cmd_info;
+mod cmd_ls;
+mod cmd_mkfs;
+mod cmd_stats;
+mod demo;
+mod target;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "uext4", version, about = "Read, write and inspect ext4 images in user space")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the superblock and feature summary, like `dumpe2fs -h`
+    Info(cmd_info::InfoArgs),
+    /// List a directory inside an image
+    Ls(cmd_ls::LsArgs),
+    /// Write a file's contents from an image to standard output
+    Cat(cmd_ls::CatArgs),
+    /// Show an inode's fields, its block mapping (extents, block map or inline) and xattrs
+    Stat(cmd_ls::StatArgs),
+    /// Copy files out of an image: `uext4 cp -r IMAGE:/path HOSTDIR`
+    Cp(cmd_cp::CpArgs),
+    /// Histograms of directory and file sizes, and how many would fit inline
+    Stats(cmd_stats::StatsArgs),
+    /// Create a new ext4 image
+    Mkfs(cmd_mkfs::MkfsArgs),
+    /// Build a fresh image in a temporary directory, fill it, check it with e2fsck
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => cmd_info::run(a),
+        Command::Ls(a) => cmd_ls::run_ls(a),
+        Command::Cat(a) => cmd_ls::run_cat(a),
+        Command::Stat(a) => cmd_ls::run_stat(a),
+        Command::Cp(a) => cmd_cp::run(a),
+        Command::Stats(a) => cmd_stats::run(a),
+        Command::Mkfs(a) => cmd_mkfs::run(a),
+        Command::Demo(a) => demo::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if e.to_string().contains("Broken pipe") {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("uext4: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

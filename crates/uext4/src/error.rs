@@ -31,16 +31,11 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn corrupt(what: impl Into<String>, location: impl Into<String>) -> Error {
-        Error::Corrupt {
-            what: what.into(),
-            location: location.into(),
-        }
+        Error::Corrupt { what: what.into(), location: location.into() }
     }
 
     pub fn unsupported(feature: impl Into<String>) -> Error {
-        Error::Unsupported {
-            feature: feature.into(),
-        }
+        Error::Unsupported { feature: feature.into() }
     }
 
     /// The errno a POSIX frontend should report for this error.

@@ -1,12 +1,25 @@
 //! uext4: an ext4 filesystem engine in user space.
 //!
-//! Layers, top to bottom (nothing imports upward): the filesystem (`fs`) with its
-//! directory, file and xattr readers; `journal` recovery; the bounded buffer `cache`;
-//! the `dev` block-device layer; and `format`, the pure dictionary of on-disk structures.
+//! Layers, top to bottom (nothing imports upward): the namespace (`ns`: stat, paths,
+//! walks); files, directories, inline data and xattrs (`file`, `dir`, `inline`,
+//! `xattr`); block mapping (`extent`); the `journal`; the bounded buffer `cache`;
+//! the `dev` block-device layer; and `format`, the pure dictionary of on-disk
+//! structures. `fs` holds the `Filesystem` they all extend.
 
 pub mod cache;
 pub mod dev;
+pub mod dir;
 pub mod error;
+pub mod extent;
+pub mod file;
 pub mod format;
+pub mod fs;
+pub mod inline;
+pub mod journal;
+pub mod mkfs;
+pub mod ns;
+pub mod xattr;
 
 pub use error::{Error, Result};
+pub use fs::{Filesystem, Options};
+pub use ns::{FileType, Stat, ROOT_INO};

@@ -17,11 +17,7 @@ const fn build_crc32c_tables() -> [[u32; 256]; 8] {
         let mut c = i as u32;
         let mut k = 0;
         while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ CRC32C_POLY_REFLECTED
-            } else {
-                c >> 1
-            };
+            c = if c & 1 != 0 { (c >> 1) ^ CRC32C_POLY_REFLECTED } else { c >> 1 };
             k += 1;
         }
         t[0][i] = c;
@@ -71,11 +67,7 @@ const fn build_crc16_table() -> [u16; 256] {
         let mut c = i as u16;
         let mut k = 0;
         while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ 0xA001
-            } else {
-                c >> 1
-            };
+            c = if c & 1 != 0 { (c >> 1) ^ 0xA001 } else { c >> 1 };
             k += 1;
         }
         t[i] = c;

@@ -1,0 +1,263 @@
+//! `uext4 cp -r IMAGE:/path HOSTDIR`: extraction.
+//!
+//! The image is untrusted. Host paths are built only from single, validated name
+//! components under HOSTDIR; a name holding '/' or NUL, an extra "." or "..", or a
+//! host path that already exists as a symlink is refused, so nothing is ever written
+//! outside HOSTDIR. Files are created with O_EXCL (which never follows a symlink),
+//! directories are checked to be real directories before entering them, and
+//! ownership and times are set without following links.
+
+use crate::target::{open_ro, parse_target, OpenArgs, Target};
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr};
+use std::fs::{self, OpenOptions};
+use std::io::{IsTerminal, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use uext4::format::inode::Timestamp;
+use uext4::{Error, FileType, Filesystem, Result, Stat};
+
+#[derive(clap::Args)]
+pub struct CpArgs {
+    /// Copy directories recursively
+    #[arg(short = 'r', short_alias = 'R', long = "recursive")]
+    recursive: bool,
+    /// Source, IMAGE:/path
+    #[arg(value_parser = parse_target)]
+    source: Target,
+    /// Destination directory on the host (created if missing)
+    dest: PathBuf,
+    #[command(flatten)]
+    open: OpenArgs,
+}
+
+struct Extractor<'a> {
+    fs: &'a Filesystem,
+    /// First host path of each multiply-linked inode, to recreate hard links.
+    links: HashMap<u32, PathBuf>,
+    /// Directories whose times are set after their contents are written.
+    dir_times: Vec<(PathBuf, Stat)>,
+    is_root: bool,
+    copied: u64,
+    progress: bool,
+}
+
+fn host_error(path: &Path, e: std::io::Error) -> Error {
+    Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// A name from the image that is safe to use as one host path component.
+fn safe_component(name: &[u8], where_: &str) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::corrupt(
+            format!("refusing unsafe file name {:?} in the image", String::from_utf8_lossy(name)),
+            where_.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("host paths built here contain no NUL")
+}
+
+fn timespec(t: Timestamp) -> libc::timespec {
+    libc::timespec { tv_sec: t.sec as libc::time_t, tv_nsec: t.nsec.min(999_999_999) as libc::c_long }
+}
+
+/// Sets atime and mtime without following a symlink.
+fn set_times(path: &Path, st: &Stat) -> Result<()> {
+    let ts = [timespec(st.atime), timespec(st.mtime)];
+    let c = cstr(path);
+    // SAFETY: c is a valid NUL-terminated path and ts a two-element array, as utimensat requires.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+    if r != 0 {
+        return Err(host_error(path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn set_owner(path: &Path, st: &Stat) -> Result<()> {
+    let c = cstr(path);
+    // SAFETY: c is a valid NUL-terminated path.
+    let r = unsafe { libc::lchown(c.as_ptr(), st.uid, st.gid) };
+    if r != 0 {
+        return Err(host_error(path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+impl Extractor<'_> {
+    fn tick(&mut self) {
+        self.copied += 1;
+        if self.progress && self.copied.is_multiple_of(1000) {
+            eprint!("\r{} files copied", self.copied);
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    /// Copies inode `ino` (named by `st`) to the host path `dst`, which does not exist yet.
+    fn copy(&mut self, ino: u32, st: &Stat, dst: &Path, recursive: bool) -> Result<()> {
+        if st.file_type != FileType::Directory && st.nlink > 1 {
+            if let Some(first) = self.links.get(&ino) {
+                fs::hard_link(first, dst).map_err(|e| host_error(dst, e))?;
+                self.tick();
+                return Ok(());
+            }
+            self.links.insert(ino, dst.to_path_buf());
+        }
+        match st.file_type {
+            FileType::Directory => {
+                if !recursive {
+                    return Err(Error::Invalid(format!("{} is a directory (use -r)", dst.display())));
+                }
+                self.make_dir(dst)?;
+                self.copy_dir_contents(ino, dst)?;
+                self.dir_times.push((dst.to_path_buf(), st.clone()));
+            }
+            FileType::Regular => self.copy_file(ino, st, dst)?,
+            FileType::Symlink => {
+                let target = self.fs.read_link(ino)?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&target), dst).map_err(|e| host_error(dst, e))?;
+            }
+            FileType::Fifo | FileType::CharDevice | FileType::BlockDevice => self.make_node(st, dst)?,
+            FileType::Socket => {
+                eprintln!("uext4: skipping socket {}", dst.display());
+                return Ok(());
+            }
+        }
+        if self.is_root {
+            set_owner(dst, st)?;
+        }
+        if st.file_type != FileType::Symlink {
+            fs::set_permissions(dst, fs::Permissions::from_mode(st.perm as u32)).map_err(|e| host_error(dst, e))?;
+        }
+        if st.file_type != FileType::Directory {
+            set_times(dst, st)?;
+        }
+        self.tick();
+        Ok(())
+    }
+
+    /// Creates `dst` as a directory, or accepts an existing real directory; a symlink
+    /// or file in its place is refused (it could lead outside the destination).
+    fn make_dir(&self, dst: &Path) -> Result<()> {
+        match fs::create_dir(dst) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let m = fs::symlink_metadata(dst).map_err(|e| host_error(dst, e))?;
+                if m.file_type().is_dir() {
+                    Ok(())
+                } else {
+                    Err(Error::Exists(format!(
+                        "{} exists and is not a directory; refusing to write through it",
+                        dst.display()
+                    )))
+                }
+            }
+            Err(e) => Err(host_error(dst, e)),
+        }
+    }
+
+    fn copy_dir_contents(&mut self, dir: u32, dst: &Path) -> Result<()> {
+        let entries = self.fs.read_dir(dir)?;
+        let where_ = format!("directory inode {dir}");
+        for (i, e) in entries.iter().enumerate() {
+            // The genuine "." and ".." come first; any later ones are hostile.
+            if i < 2 && ((i == 0 && e.name == b".") || (i == 1 && e.name == b"..")) {
+                continue;
+            }
+            safe_component(&e.name, &where_)?;
+            let child = dst.join(OsStr::from_bytes(&e.name));
+            let st = self.fs.stat(e.ino)?;
+            self.copy(e.ino, &st, &child, true)?;
+        }
+        Ok(())
+    }
+
+    fn copy_file(&mut self, ino: u32, st: &Stat, dst: &Path) -> Result<()> {
+        // create_new is O_CREAT|O_EXCL: it fails on anything already there, symlinks included.
+        let f =
+            OpenOptions::new().write(true).create_new(true).mode(0o600).open(dst).map_err(|e| host_error(dst, e))?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        while off < st.size {
+            let n = self.fs.read(ino, off, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            // Keep holes as holes: skip writing all-zero chunks and extend at the end.
+            if buf[..n].iter().all(|&b| b == 0) {
+                off += n as u64;
+                continue;
+            }
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&buf[..n], off).map_err(|e| host_error(dst, e))?;
+            off += n as u64;
+        }
+        f.set_len(st.size).map_err(|e| host_error(dst, e))?;
+        Ok(())
+    }
+
+    fn make_node(&self, st: &Stat, dst: &Path) -> Result<()> {
+        let c = cstr(dst);
+        let (kind, dev) = match st.file_type {
+            FileType::Fifo => (libc::S_IFIFO, 0),
+            FileType::CharDevice => (libc::S_IFCHR, libc::makedev(st.rdev.0, st.rdev.1)),
+            _ => (libc::S_IFBLK, libc::makedev(st.rdev.0, st.rdev.1)),
+        };
+        // SAFETY: c is a valid NUL-terminated path.
+        let r = unsafe { libc::mknod(c.as_ptr(), kind | 0o600, dev) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if st.file_type != FileType::Fifo && e.raw_os_error() == Some(libc::EPERM) {
+                eprintln!("uext4: skipping device node {} (needs root)", dst.display());
+                return Ok(());
+            }
+            return Err(host_error(dst, e));
+        }
+        Ok(())
+    }
+}
+
+pub fn run(a: CpArgs) -> Result<()> {
+    let fs = open_ro(&a.source.image, &a.open)?;
+    let ino = fs.lookup_path(&a.source.path)?;
+    let st = fs.stat(ino)?;
+    let mut ex = Extractor {
+        fs: &fs,
+        links: HashMap::new(),
+        dir_times: Vec::new(),
+        // SAFETY: geteuid has no preconditions.
+        is_root: unsafe { libc::geteuid() } == 0,
+        copied: 0,
+        progress: std::io::stderr().is_terminal(),
+    };
+    // As cp does: into an existing directory under the source's own name, else as DEST.
+    let dest_is_dir = fs::symlink_metadata(&a.dest).map(|m| m.is_dir()).unwrap_or(false);
+    let base = a.source.path.rsplit(|&c| c == b'/').find(|c| !c.is_empty()).map(|c| c.to_vec());
+    match (st.file_type, dest_is_dir, base) {
+        (_, true, None) => {
+            // The image root: its contents go straight into DEST.
+            if !a.recursive {
+                return Err(Error::Invalid(format!("{} is a directory (use -r)", a.source.shown())));
+            }
+            ex.copy_dir_contents(ino, &a.dest)?;
+        }
+        (_, true, Some(name)) => {
+            safe_component(&name, "source path")?;
+            let dst = a.dest.join(OsStr::from_bytes(&name));
+            ex.copy(ino, &st, &dst, a.recursive)?;
+        }
+        (_, false, _) => ex.copy(ino, &st, &a.dest, a.recursive)?,
+    }
+    // Directory times last, deepest first, since writing into a directory changes them.
+    for (path, st) in ex.dir_times.iter().rev() {
+        set_times(path, st)?;
+    }
+    if ex.progress && ex.copied >= 1000 {
+        eprintln!("\r{} files copied", ex.copied);
+    }
+    Ok(())
+}

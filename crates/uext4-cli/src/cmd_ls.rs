@@ -1,0 +1,251 @@
+//! `uext4 ls`, `uext4 cat` and `uext4 stat`: looking at what is inside an image.
+
+use crate::target::{open_ro, parse_target, OpenArgs, Target};
+use std::io::Write;
+use uext4::extent::MapKind;
+use uext4::format::inode::{Timestamp, EXT4_EXTENTS_FL, EXT4_INLINE_DATA_FL};
+use uext4::{Error, FileType, Filesystem, Result};
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// Long listing: type, mode, links, owner, size, mtime, name (and symlink target)
+    #[arg(short = 'l')]
+    long: bool,
+    /// Include "." and ".."
+    #[arg(short = 'a')]
+    all: bool,
+    /// IMAGE:/path (a directory or a file)
+    #[arg(value_parser = parse_target)]
+    target: Target,
+    #[command(flatten)]
+    open: OpenArgs,
+}
+
+#[derive(clap::Args)]
+pub struct CatArgs {
+    /// IMAGE:/path of a file
+    #[arg(value_parser = parse_target)]
+    target: Target,
+    #[command(flatten)]
+    open: OpenArgs,
+}
+
+#[derive(clap::Args)]
+pub struct StatArgs {
+    /// IMAGE:/path
+    #[arg(value_parser = parse_target)]
+    target: Target,
+    #[command(flatten)]
+    open: OpenArgs,
+}
+
+pub fn mode_string(ft: FileType, perm: u16) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(ft.letter());
+    let bits = [
+        (0o400, 'r'),
+        (0o200, 'w'),
+        (0o100, 'x'),
+        (0o40, 'r'),
+        (0o20, 'w'),
+        (0o10, 'x'),
+        (0o4, 'r'),
+        (0o2, 'w'),
+        (0o1, 'x'),
+    ];
+    for (i, (bit, c)) in bits.iter().enumerate() {
+        let set = perm & bit != 0;
+        let special = match i {
+            2 => Some((0o4000, 's', 'S')),
+            5 => Some((0o2000, 's', 'S')),
+            8 => Some((0o1000, 't', 'T')),
+            _ => None,
+        };
+        match special {
+            Some((sbit, lower, upper)) if perm & sbit != 0 => s.push(if set { lower } else { upper }),
+            _ => s.push(if set { *c } else { '-' }),
+        }
+    }
+    s
+}
+
+pub fn format_time(t: Timestamp) -> String {
+    // Civil date from days since the epoch (Howard Hinnant's algorithm, written out).
+    let days = t.sec.div_euclid(86400);
+    let secs = t.sec.rem_euclid(86400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:09}", secs / 3600, secs / 60 % 60, secs % 60, t.nsec)
+}
+
+fn show_name(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+pub fn run_ls(a: LsArgs) -> Result<()> {
+    let fs = open_ro(&a.target.image, &a.open)?;
+    let ino = fs.lookup_path(&a.target.path)?;
+    let st = fs.stat(ino)?;
+    let entries: Vec<(Vec<u8>, u32)> = if st.file_type == FileType::Directory {
+        let mut v: Vec<_> = fs
+            .read_dir(ino)?
+            .into_iter()
+            .filter(|e| a.all || (e.name != b"." && e.name != b".."))
+            .map(|e| (e.name, e.ino))
+            .collect();
+        v.sort();
+        v
+    } else {
+        vec![(a.target.path.rsplit(|&c| c == b'/').next().unwrap_or(b"").to_vec(), ino)]
+    };
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    for (name, ino) in entries {
+        if a.long {
+            let st = fs.stat(ino)?;
+            let mut line = format!(
+                "{} {:>3} {:>5} {:>5} {:>10} {} {}",
+                mode_string(st.file_type, st.perm),
+                st.nlink,
+                st.uid,
+                st.gid,
+                match st.file_type {
+                    FileType::CharDevice | FileType::BlockDevice => format!("{}, {}", st.rdev.0, st.rdev.1),
+                    _ => st.size.to_string(),
+                },
+                &format_time(st.mtime)[..16],
+                show_name(&name)
+            );
+            if st.file_type == FileType::Symlink {
+                line.push_str(" -> ");
+                line.push_str(&show_name(&fs.read_link(ino)?));
+            }
+            writeln!(out, "{line}")?;
+        } else {
+            writeln!(out, "{}", show_name(&name))?;
+        }
+    }
+    Ok(())
+}
+
+pub fn run_cat(a: CatArgs) -> Result<()> {
+    let fs = open_ro(&a.target.image, &a.open)?;
+    let ino = fs.lookup_path(&a.target.path)?;
+    let st = fs.stat(ino)?;
+    if st.file_type != FileType::Regular {
+        return Err(Error::Invalid(format!("{} is not a regular file", a.target.shown())));
+    }
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0u64;
+    loop {
+        let n = fs.read(ino, off, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+fn print_mapping(fs: &Filesystem, ino: u32) -> Result<()> {
+    let inode = fs.inode(ino)?;
+    if inode.has_flag(EXT4_INLINE_DATA_FL) {
+        let data = fs.inline_data(ino, &inode)?;
+        println!(
+            "Inline data: {} bytes stored in the inode ({} in i_block, {} in system.data)",
+            data.len().min(inode.i_size as usize),
+            60,
+            data.len() - 60
+        );
+        return Ok(());
+    }
+    if inode.is_symlink() && fs.is_fast_symlink(&inode) {
+        println!("Fast symlink: target stored in i_block");
+        return Ok(());
+    }
+    if matches!(
+        FileType::from_mode(inode.i_mode),
+        Some(FileType::CharDevice | FileType::BlockDevice | FileType::Fifo | FileType::Socket)
+    ) {
+        return Ok(());
+    }
+    let kind = if inode.has_flag(EXT4_EXTENTS_FL) { "Extents" } else { "Block map" };
+    let maps = fs.file_mappings(ino, &inode)?;
+    println!("{kind}:");
+    for m in maps {
+        match m.kind {
+            MapKind::Hole => println!("  logical {}..{}: hole", m.lblk, m.lblk + m.len - 1),
+            MapKind::Mapped(p) => {
+                println!("  logical {}..{} -> physical {}..{}", m.lblk, m.lblk + m.len - 1, p, p + m.len - 1)
+            }
+            MapKind::Unwritten(p) => {
+                println!(
+                    "  logical {}..{} -> physical {}..{} (unwritten)",
+                    m.lblk,
+                    m.lblk + m.len - 1,
+                    p,
+                    p + m.len - 1
+                )
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run_stat(a: StatArgs) -> Result<()> {
+    let fs = open_ro(&a.target.image, &a.open)?;
+    let ino = fs.lookup_path(&a.target.path)?;
+    let st = fs.stat(ino)?;
+    println!("  File: {}", a.target.shown());
+    println!(
+        "Inode: {ino}   Type: {:?}   Mode: {:04o} ({})",
+        st.file_type,
+        st.perm,
+        mode_string(st.file_type, st.perm)
+    );
+    println!(
+        "Links: {}   Uid: {}   Gid: {}   Size: {}   Blocks (512 B): {}",
+        st.nlink, st.uid, st.gid, st.size, st.blocks
+    );
+    println!("Flags: {:#x}   Generation: {}", st.flags, st.generation);
+    if matches!(st.file_type, FileType::CharDevice | FileType::BlockDevice) {
+        println!("Device: {}, {}", st.rdev.0, st.rdev.1);
+    }
+    println!("Access: {}", format_time(st.atime));
+    println!("Modify: {}", format_time(st.mtime));
+    println!("Change: {}", format_time(st.ctime));
+    if let Some(c) = st.crtime {
+        println!(" Birth: {}", format_time(c));
+    }
+    if st.file_type == FileType::Symlink {
+        println!("Target: {}", show_name(&fs.read_link(ino)?));
+    }
+    print_mapping(&fs, ino)?;
+    let attrs = fs.xattrs(ino)?;
+    if !attrs.is_empty() {
+        println!("Extended attributes:");
+        for (name, value) in attrs {
+            println!("  {} ({} bytes) = {}", show_name(&name), value.len(), show_value(&value));
+        }
+    }
+    Ok(())
+}
+
+fn show_value(v: &[u8]) -> String {
+    if !v.is_empty() && v.iter().all(|&c| (0x20..0x7f).contains(&c)) {
+        format!("\"{}\"", String::from_utf8_lossy(v))
+    } else {
+        let hex: Vec<String> = v.iter().take(64).map(|b| format!("{b:02x}")).collect();
+        format!("0x{}{}", hex.concat(), if v.len() > 64 { "..." } else { "" })
+    }
+}

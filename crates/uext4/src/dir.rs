@@ -1,0 +1,263 @@
+//! Directories: linear blocks, htree (hashed index) lookup, and inline directories.
+//!
+//! Listing reads every block in logical order; htree interior blocks hide from a
+//! linear reader behind fake entries, so one loop serves both kinds, but checksums
+//! differ: a block is verified as an index node when it is one (block 0 of an
+//! indexed directory, or a block whose first entry is empty and spans the block),
+//! else by its dirent tail. Lookup in an indexed directory walks the index by the
+//! name's hash, continuing into the next leaf while its hash says the collision
+//! chain goes on, as the kernel's `ext4_htree_next_block` does.
+
+use crate::error::{Error, Result};
+use crate::extent::MapKind;
+use crate::format::bytes::{le16, le32};
+use crate::format::dirent::{self, DirEntryIter, EXT4_FT_DIR};
+use crate::format::hash;
+use crate::format::htree::{self, DxEntry, DX_NODE_COUNTLIMIT_OFFSET, DX_ROOT_INFO_OFFSET};
+use crate::format::inode::{Inode, EXT4_INDEX_FL, EXT4_INLINE_DATA_FL};
+use crate::fs::Filesystem;
+use std::sync::Arc;
+
+/// One name in a directory, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntryOwned {
+    pub ino: u32,
+    pub file_type: u8,
+    pub name: Vec<u8>,
+}
+
+/// Offset of the dx_root's count/limit: after the fake "." and ".." and the root info.
+const DX_ROOT_COUNTLIMIT_OFFSET: usize = DX_ROOT_INFO_OFFSET + 8;
+
+impl Filesystem {
+    fn require_dir(&self, ino: u32) -> Result<Arc<Inode>> {
+        let inode = self.inode(ino)?;
+        if !inode.is_dir() {
+            return Err(Error::Invalid(format!("inode {ino} is not a directory")));
+        }
+        Ok(inode)
+    }
+
+    fn is_indexed(&self, inode: &Inode) -> bool {
+        self.geo.has_dir_index && inode.has_flag(EXT4_INDEX_FL) && !inode.has_flag(EXT4_INLINE_DATA_FL)
+    }
+
+    /// Number of directory blocks; a directory's size is a whole number of blocks.
+    fn dir_blocks(&self, ino: u32, inode: &Inode) -> Result<u64> {
+        let bs = self.geo.block_size as u64;
+        if !inode.i_size.is_multiple_of(bs) {
+            return Err(Error::corrupt(
+                format!("directory size {} is not a multiple of the block size", inode.i_size),
+                format!("directory inode {ino}"),
+            ));
+        }
+        Ok(inode.i_size / bs)
+    }
+
+    /// Reads logical block `lblk` of directory `ino` through the cache, verifying
+    /// it once as an index node or a leaf.
+    fn dir_block(&self, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<crate::cache::Buffer>> {
+        let m = self.map_blocks(ino, inode, lblk, 1)?;
+        let pblk = match m.kind {
+            MapKind::Mapped(p) => p,
+            MapKind::Hole | MapKind::Unwritten(_) => {
+                return Err(Error::corrupt(
+                    format!("directory has a hole at block {lblk}"),
+                    format!("directory inode {ino}"),
+                ));
+            }
+        };
+        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
+        let indexed = self.is_indexed(inode);
+        let seed = self.inode_seed(ino, inode);
+        let bs = self.geo.block_size;
+        self.cache.get_verified(pblk, |b| {
+            if !verify {
+                return Ok(());
+            }
+            let location = format!("directory inode {ino} block {lblk} (physical {pblk})");
+            let first_rec_len = dirent::rec_len_from_disk(le16(b, 4), bs);
+            if indexed && lblk == 0 {
+                htree::verify_checksum(b, DX_ROOT_COUNTLIMIT_OFFSET, seed, &location)
+            } else if indexed && le32(b, 0) == 0 && first_rec_len == bs {
+                htree::verify_checksum(b, DX_NODE_COUNTLIMIT_OFFSET, seed, &location)
+            } else {
+                dirent::verify_block_checksum(b, seed, &location)
+            }
+        })
+    }
+
+    /// Every entry of the directory, "." and ".." included, in on-disk order.
+    pub fn read_dir(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
+        let inode = self.require_dir(ino)?;
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return self.read_inline_dir(ino, &inode);
+        }
+        let mut out = Vec::new();
+        for lblk in 0..self.dir_blocks(ino, &inode)? {
+            let buf = self.dir_block(ino, &inode, lblk)?;
+            let data = buf.read();
+            self.parse_dir_block(ino, lblk, &data, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn parse_dir_block(&self, ino: u32, lblk: u64, data: &[u8], out: &mut Vec<DirEntryOwned>) -> Result<()> {
+        let location = format!("directory inode {ino} block {lblk}");
+        for e in DirEntryIter::new(data, self.geo.block_size, self.geo.has_filetype, self.geo.inodes_count, &location) {
+            let e = e?;
+            if e.inode != 0 && !e.is_tail() {
+                out.push(DirEntryOwned { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
+            }
+        }
+        Ok(())
+    }
+
+    fn read_inline_dir(&self, ino: u32, inode: &Inode) -> Result<Vec<DirEntryOwned>> {
+        let data = self.inline_data(ino, inode)?;
+        let parent = le32(&data, 0);
+        let mut out = vec![
+            DirEntryOwned { ino, file_type: EXT4_FT_DIR, name: b".".to_vec() },
+            DirEntryOwned { ino: parent, file_type: EXT4_FT_DIR, name: b"..".to_vec() },
+        ];
+        let size = (inode.i_size as usize).min(data.len());
+        if size < 4 {
+            return Err(Error::corrupt("inline directory smaller than its parent pointer", format!("inode {ino}")));
+        }
+        // i_block after the parent pointer, and the xattr value, are separate runs of entries.
+        let regions: [(&[u8], &str); 2] =
+            [(&data[4..60.min(size)], "i_block"), (&data[60.min(size)..size], "system.data")];
+        for (region, what) in regions {
+            let location = format!("inline directory inode {ino} ({what})");
+            for e in DirEntryIter::new(region, region.len(), self.geo.has_filetype, self.geo.inodes_count, &location) {
+                let e = e?;
+                if e.inode != 0 {
+                    out.push(DirEntryOwned { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finds `name` in directory `dir`; Ok(None) if absent.
+    pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+        let inode = self.require_dir(dir)?;
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| e.ino));
+        }
+        if self.is_indexed(&inode) {
+            return self.htree_lookup(dir, &inode, name);
+        }
+        for lblk in 0..self.dir_blocks(dir, &inode)? {
+            if let Some(ino) = self.search_block(dir, &inode, lblk, name)? {
+                return Ok(Some(ino));
+            }
+        }
+        Ok(None)
+    }
+
+    fn search_block(&self, dir: u32, inode: &Inode, lblk: u64, name: &[u8]) -> Result<Option<u32>> {
+        let buf = self.dir_block(dir, inode, lblk)?;
+        let data = buf.read();
+        let location = format!("directory inode {dir} block {lblk}");
+        for e in DirEntryIter::new(&data, self.geo.block_size, self.geo.has_filetype, self.geo.inodes_count, &location)
+        {
+            let e = e?;
+            if e.inode != 0 && e.name == name {
+                return Ok(Some(e.inode));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The hash version a directory uses: its root's, made unsigned by the superblock flag.
+    fn effective_hash_version(&self, root_version: u8) -> u8 {
+        let flags = if self.geo.unsigned_hash { crate::format::superblock::EXT2_FLAGS_UNSIGNED_HASH } else { 0 };
+        hash::effective_hash_version(root_version, flags)
+    }
+
+    fn htree_lookup(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<Option<u32>> {
+        let nblocks = self.dir_blocks(dir, inode)?;
+        let loc = |lblk: u64| format!("htree of directory inode {dir} block {lblk}");
+        let csum = self.geo.metadata_csum;
+        let bs = self.geo.block_size;
+        let root = self.dir_block(dir, inode, 0)?;
+        let (info, root_node) = {
+            let data = root.read();
+            let info = htree::parse_root_info(&data, &loc(0))?;
+            let countlimit = DX_ROOT_INFO_OFFSET + info.info_length as usize;
+            let node = htree::parse_node(&data, countlimit, htree::dx_limit(bs, countlimit, csum), &loc(0))?;
+            (info, node)
+        };
+        let max_levels = if self.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
+        if info.indirect_levels >= max_levels {
+            return Err(Error::corrupt(format!("htree has {} indirect levels", info.indirect_levels), loc(0)));
+        }
+        let target = hash::dx_hash(name, self.effective_hash_version(info.hash_version), &self.geo.hash_seed)?.major;
+
+        // path[i] = (entries of the node at level i, index chosen in it)
+        let mut path: Vec<(Vec<DxEntry>, usize)> = Vec::new();
+        let mut entries = root_node.entries;
+        let descend = |entries: &[DxEntry]| entries.partition_point(|e| e.hash <= target).max(1) - 1;
+        let read_node = |lblk: u32| -> Result<Vec<DxEntry>> {
+            if lblk as u64 >= nblocks || lblk == 0 {
+                return Err(Error::corrupt(format!("htree points at block {lblk} of {nblocks}"), loc(lblk as u64)));
+            }
+            let buf = self.dir_block(dir, inode, lblk as u64)?;
+            let data = buf.read();
+            let limit = htree::dx_limit(bs, DX_NODE_COUNTLIMIT_OFFSET, csum);
+            Ok(htree::parse_node(&data, DX_NODE_COUNTLIMIT_OFFSET, limit, &loc(lblk as u64))?.entries)
+        };
+        for _ in 0..info.indirect_levels {
+            let at = descend(&entries);
+            let child = entries[at].block;
+            path.push((entries, at));
+            entries = read_node(child)?;
+        }
+        let at = descend(&entries);
+        path.push((entries, at));
+
+        // Search the leaf; on a miss, continue while the next leaf's hash continues ours.
+        let mut visited = 0u64;
+        loop {
+            let (entries, at) = path.last().unwrap();
+            let leaf = entries[*at].block as u64;
+            if leaf >= nblocks {
+                return Err(Error::corrupt(format!("htree points at leaf {leaf} of {nblocks}"), loc(leaf)));
+            }
+            if let Some(ino) = self.search_block(dir, inode, leaf, name)? {
+                return Ok(Some(ino));
+            }
+            visited += 1;
+            if visited > nblocks {
+                return Err(Error::corrupt("htree collision chain does not end", loc(leaf)));
+            }
+            // Step to the next entry at the lowest level that has one.
+            let mut level = path.len();
+            loop {
+                if level == 0 {
+                    return Ok(None);
+                }
+                level -= 1;
+                let (entries, at) = &mut path[level];
+                if *at + 1 < entries.len() {
+                    *at += 1;
+                    break;
+                }
+            }
+            let (entries, at) = &path[level];
+            let next_hash = entries[*at].hash;
+            if next_hash & !1 != target {
+                return Ok(None);
+            }
+            // Re-descend along first entries to the leaf level.
+            let mut child = entries[*at].block;
+            path.truncate(level + 1);
+            while path.len() < info.indirect_levels as usize + 1 {
+                let e = read_node(child)?;
+                child = e[0].block;
+                path.push((e, 0));
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Mapping logical file blocks to physical blocks: extent trees of any depth, and
+//! the indirect block maps of files without the extent flag.
+//!
+//! Every node read is checked before it is trusted: magic, counts, depth one less
+//! than its parent's (which makes a looping tree impossible to follow), the node
+//! checksum (once, through the buffer cache), and every block number against the
+//! size of the filesystem.
+
+use crate::error::{Error, Result};
+use crate::format::bytes::le32;
+use crate::format::extent::{self, ExtentNode};
+use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
+use crate::fs::Filesystem;
+
+/// Logical blocks are 32-bit in ext4.
+pub const MAX_LBLK: u64 = 1 << 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hole,
+    /// Allocated but not yet written: reads as zeros.
+    Unwritten(u64),
+    Mapped(u64),
+}
+
+/// `len` logical blocks from `lblk` share one kind (and, if mapped, run contiguously).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub lblk: u64,
+    pub len: u64,
+    pub kind: MapKind,
+}
+
+impl Filesystem {
+    /// Maps up to `max_len` blocks starting at `lblk`.
+    pub fn map_blocks(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
+        let max_len = max_len.clamp(1, MAX_LBLK.saturating_sub(lblk).max(1));
+        if inode.has_flag(EXT4_EXTENTS_FL) {
+            self.map_extents(ino, inode, lblk, max_len)
+        } else {
+            self.map_indirect(ino, inode, lblk, max_len)
+        }
+    }
+
+    fn map_extents(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
+        let loc = || format!("extent tree of inode {ino}");
+        let mut node = ExtentNode::parse(&inode.i_block, None, &loc())?;
+        // The first logical block the current subtree does not cover.
+        let mut upper_bound = MAX_LBLK;
+        let seed = self.inode_seed(ino, inode);
+        loop {
+            match node {
+                ExtentNode::Leaf(_, extents) => {
+                    let pos = extents.partition_point(|e| e.ee_block as u64 <= lblk);
+                    if pos > 0 {
+                        let e = extents[pos - 1];
+                        if lblk < e.end() {
+                            let start = e.start + (lblk - e.ee_block as u64);
+                            let len = (e.end() - lblk).min(max_len);
+                            self.check_block(start, &|| format!("{} logical {lblk}", loc()))?;
+                            self.check_block(start + len - 1, &|| format!("{} logical {lblk}", loc()))?;
+                            let kind = if e.unwritten { MapKind::Unwritten(start) } else { MapKind::Mapped(start) };
+                            return Ok(Mapping { lblk, len, kind });
+                        }
+                    }
+                    let next = extents.get(pos).map(|e| e.ee_block as u64).unwrap_or(upper_bound);
+                    let len = next.min(upper_bound).saturating_sub(lblk).clamp(1, max_len);
+                    return Ok(Mapping { lblk, len, kind: MapKind::Hole });
+                }
+                ExtentNode::Index(h, idx) => {
+                    let pos = idx.partition_point(|e| e.ei_block as u64 <= lblk);
+                    if pos == 0 {
+                        let next = idx.first().map(|e| e.ei_block as u64).unwrap_or(upper_bound);
+                        let len = next.min(upper_bound).saturating_sub(lblk).clamp(1, max_len);
+                        return Ok(Mapping { lblk, len, kind: MapKind::Hole });
+                    }
+                    if let Some(next) = idx.get(pos) {
+                        upper_bound = upper_bound.min(next.ei_block as u64);
+                    }
+                    let child = idx[pos - 1].leaf;
+                    self.check_block(child, &loc)?;
+                    let want_depth = h.eh_depth - 1;
+                    let verify = self.geo.metadata_csum && self.geo.verify_checksums;
+                    let location = format!("{} node at block {child}", loc());
+                    let buf = self.cache.get_verified(child, |b| {
+                        ExtentNode::parse(b, Some(want_depth), &location)?;
+                        if verify {
+                            extent::verify_block_checksum(b, seed, &location)?;
+                        }
+                        Ok(())
+                    })?;
+                    let data = buf.read();
+                    node = ExtentNode::parse(&data, Some(want_depth), &location)?;
+                }
+            }
+        }
+    }
+
+    /// ext2/3 block maps: 12 direct pointers, then single, double and triple
+    /// indirect blocks of 32-bit pointers. A zero pointer is a hole.
+    fn map_indirect(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
+        let per = (self.geo.block_size / 4) as u64;
+        let first = self.indirect_lookup(ino, inode, lblk)?;
+        // Extend the run while the next blocks continue it, within reason.
+        let run_cap = max_len.min(per);
+        let mut len = 1;
+        while len < run_cap {
+            let next = self.indirect_lookup(ino, inode, lblk + len)?;
+            let continues = match (first, next) {
+                (None, None) => true,
+                (Some(a), Some(b)) => b == a + len,
+                _ => false,
+            };
+            if !continues {
+                break;
+            }
+            len += 1;
+        }
+        let kind = match first {
+            Some(p) => MapKind::Mapped(p),
+            None => MapKind::Hole,
+        };
+        Ok(Mapping { lblk, len, kind })
+    }
+
+    fn indirect_lookup(&self, ino: u32, inode: &Inode, lblk: u64) -> Result<Option<u64>> {
+        let per = (self.geo.block_size / 4) as u64;
+        let direct = |i: usize| le32(&inode.i_block, i * 4) as u64;
+        let (root, mut rem, levels) = if lblk < 12 {
+            return self.pointer(ino, direct(lblk as usize));
+        } else if lblk < 12 + per {
+            (direct(12), lblk - 12, 1)
+        } else if lblk < 12 + per + per * per {
+            (direct(13), lblk - 12 - per, 2)
+        } else if lblk < 12 + per + per * per + per * per * per {
+            (direct(14), lblk - 12 - per - per * per, 3)
+        } else {
+            return Ok(None);
+        };
+        let mut block = root;
+        for level in (0..levels).rev() {
+            if block == 0 {
+                return Ok(None);
+            }
+            self.check_block(block, &|| format!("indirect block of inode {ino}"))?;
+            let span = per.pow(level);
+            let index = (rem / span) as usize;
+            rem %= span;
+            let buf = self.cache.get(block)?;
+            block = le32(&buf.read(), index * 4) as u64;
+        }
+        self.pointer(ino, block)
+    }
+
+    fn pointer(&self, ino: u32, block: u64) -> Result<Option<u64>> {
+        if block == 0 {
+            return Ok(None);
+        }
+        self.check_block(block, &|| format!("block map of inode {ino}"))?;
+        Ok(Some(block))
+    }
+
+    /// Every mapping of the file, in order, for `stat`-style reports. Bounded by
+    /// i_size; holes are included.
+    pub fn file_mappings(&self, ino: u32, inode: &Inode) -> Result<Vec<Mapping>> {
+        let bs = self.geo.block_size as u64;
+        let end = inode.i_size.div_ceil(bs).min(MAX_LBLK);
+        let mut out = Vec::new();
+        let mut lblk = 0;
+        while lblk < end {
+            let m = self.map_blocks(ino, inode, lblk, end - lblk)?;
+            if m.len == 0 {
+                return Err(Error::corrupt("mapping made no progress", format!("inode {ino}")));
+            }
+            lblk += m.len;
+            out.push(m);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,428 @@
+//! `Filesystem`: an opened ext4 image and the operations on it.
+//!
+//! `Filesystem` is `Send + Sync` and every operation takes `&self`; state that
+//! changes lives behind its own lock, taken in the order of DESIGN.md. Opening reads
+//! and checks the superblock and every group descriptor once; inodes are parsed and
+//! their checksums verified once, then served from a bounded inode cache.
+//!
+//! The other modules (`extent`, `dir`, `file`, `xattr`, `inline`) add `impl
+//! Filesystem` blocks for their part of the read path.
+
+use crate::cache::BufferCache;
+use crate::dev::{BlockDevice, FileDevice, OverlayDevice};
+use crate::error::{Error, Result};
+use crate::format::group_desc::{GdCsum, GroupDesc, EXT4_BG_INODE_UNINIT};
+use crate::format::inode::Inode;
+use crate::format::superblock::*;
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// incompat features this build reads; any other set bit refuses the open.
+const INCOMPAT_SUPPORTED: u32 = INCOMPAT_FILETYPE
+    | INCOMPAT_RECOVER
+    | INCOMPAT_META_BG
+    | INCOMPAT_EXTENTS
+    | INCOMPAT_64BIT
+    | INCOMPAT_FLEX_BG
+    | INCOMPAT_CSUM_SEED
+    | INCOMPAT_LARGEDIR
+    | INCOMPAT_INLINE_DATA
+    | INCOMPAT_MMP;
+
+/// ro_compat features this build understands; others force a read-only open.
+const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
+    | RO_COMPAT_LARGE_FILE
+    | RO_COMPAT_HUGE_FILE
+    | RO_COMPAT_GDT_CSUM
+    | RO_COMPAT_DIR_NLINK
+    | RO_COMPAT_EXTRA_ISIZE
+    | RO_COMPAT_METADATA_CSUM
+    | RO_COMPAT_ORPHAN_PRESENT;
+
+const INODE_CACHE_SHARDS: usize = 16;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub read_only: bool,
+    /// Skip checksum verification (for reading damaged images).
+    pub ignore_checksums: bool,
+    /// Buffer cache bound in MiB.
+    pub cache_mb: usize,
+    /// Inodes kept parsed in memory.
+    pub inode_cache_entries: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { read_only: true, ignore_checksums: false, cache_mb: 256, inode_cache_entries: 65536 }
+    }
+}
+
+/// Facts derived from the superblock that never change while the filesystem is open.
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub block_size: usize,
+    pub inode_size: usize,
+    pub inodes_per_group: u32,
+    pub blocks_per_group: u32,
+    pub group_count: u32,
+    pub inodes_count: u32,
+    pub blocks_count: u64,
+    pub first_data_block: u32,
+    pub desc_size: usize,
+    pub csum_seed: u32,
+    pub metadata_csum: bool,
+    pub has_filetype: bool,
+    pub has_extents: bool,
+    pub has_dir_index: bool,
+    pub has_inline_data: bool,
+    pub huge_file: bool,
+    pub largedir: bool,
+    pub unsigned_hash: bool,
+    pub def_hash_version: u8,
+    pub hash_seed: [u32; 4],
+    pub gd_csum: GdCsum,
+    pub verify_checksums: bool,
+}
+
+pub struct Filesystem {
+    pub(crate) cache: BufferCache,
+    pub(crate) geo: Geometry,
+    pub(crate) sb: RwLock<Superblock>,
+    pub(crate) groups: Vec<RwLock<GroupDesc>>,
+    inode_cache: Vec<Mutex<HashMap<u32, Arc<Inode>>>>,
+    inode_cache_shard_capacity: usize,
+    read_only: bool,
+    /// Why the filesystem is read-only, for error messages.
+    read_only_reason: String,
+    /// Set when a journal was replayed in memory at open.
+    pub(crate) replayed_journal_blocks: usize,
+}
+
+/// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
+fn check_device_size(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
+    let need = sb.s_blocks_count * sb.block_size() as u64;
+    if dev.size() < need {
+        return Err(Error::corrupt(
+            format!(
+                "image is {} bytes but the superblock says {} blocks of {} bytes ({need} bytes): truncated",
+                dev.size(),
+                sb.s_blocks_count,
+                sb.block_size()
+            ),
+            "device",
+        ));
+    }
+    Ok(())
+}
+
+impl Filesystem {
+    /// Opens an image file or block device.
+    pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Filesystem> {
+        let dev = FileDevice::open(path.as_ref(), !opts.read_only)?;
+        Self::open_device(Arc::new(dev), opts)
+    }
+
+    pub fn open_device(dev: Arc<dyn BlockDevice>, opts: Options) -> Result<Filesystem> {
+        let mut raw = [0u8; SUPERBLOCK_SIZE];
+        if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+            return Err(Error::corrupt(
+                format!("image of {} bytes is too small to hold a superblock", dev.size()),
+                "device",
+            ));
+        }
+        dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
+        let sb = Superblock::parse(&raw, !opts.ignore_checksums)?;
+
+        let unknown_incompat = sb.s_feature_incompat & !INCOMPAT_SUPPORTED;
+        if unknown_incompat != 0 {
+            let names: Vec<String> = sb
+                .feature_names()
+                .into_iter()
+                .filter(|n| {
+                    FEATURE_NAMES.iter().any(|&(w, bit, name)| w == 1 && bit & unknown_incompat != 0 && name == n)
+                        || n.starts_with("FEATURE_I")
+                })
+                .collect();
+            return Err(Error::unsupported(format!("incompatible feature(s) {}", names.join(", "))));
+        }
+        let mut read_only = opts.read_only;
+        let mut reason = if read_only { "opened read-only".to_string() } else { String::new() };
+        let unknown_ro = sb.s_feature_ro_compat & !RO_COMPAT_SUPPORTED;
+        if unknown_ro != 0 && !read_only {
+            return Err(Error::unsupported(format!(
+                "read-only-compatible feature bits {unknown_ro:#x} ({}); open read-only",
+                sb.feature_names().join(" ")
+            )));
+        }
+        if unknown_ro != 0 {
+            reason = format!("ro_compat features {unknown_ro:#x} are not understood for writing");
+            read_only = true;
+        }
+        check_device_size(dev.as_ref(), &sb)?;
+
+        let mut dev = dev;
+        let mut replayed = 0;
+        if sb.has_incompat(INCOMPAT_RECOVER) && sb.has_compat(COMPAT_HAS_JOURNAL) {
+            if !read_only {
+                return Err(Error::unsupported(
+                    "the journal needs recovery; uext4 cannot yet write through a journal, so open the image \
+                     read-only (the journal is then applied in memory) or run `e2fsck -fy` on it first",
+                ));
+            }
+            let blocks = Self::replay_journal_in_memory(&dev, &sb, &opts)?;
+            replayed = blocks.len();
+            dev = Arc::new(OverlayDevice::new(dev, sb.block_size(), blocks));
+            // The replayed superblock is the one to use.
+            dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
+            let replayed_sb = Superblock::parse(&raw, !opts.ignore_checksums)?;
+            return Self::finish_open(dev, replayed_sb, opts, read_only, reason, replayed);
+        }
+        Self::finish_open(dev, sb, opts, read_only, reason, replayed)
+    }
+
+    fn finish_open(
+        dev: Arc<dyn BlockDevice>,
+        sb: Superblock,
+        opts: Options,
+        read_only: bool,
+        reason: String,
+        replayed_journal_blocks: usize,
+    ) -> Result<Filesystem> {
+        let geo = Geometry {
+            block_size: sb.block_size() as usize,
+            inode_size: sb.inode_size() as usize,
+            inodes_per_group: sb.s_inodes_per_group,
+            blocks_per_group: sb.s_blocks_per_group,
+            group_count: sb.group_count() as u32,
+            inodes_count: sb.s_inodes_count,
+            blocks_count: sb.s_blocks_count,
+            first_data_block: sb.s_first_data_block,
+            desc_size: sb.desc_size(),
+            csum_seed: sb.csum_seed(),
+            metadata_csum: sb.has_metadata_csum(),
+            has_filetype: sb.has_incompat(INCOMPAT_FILETYPE),
+            has_extents: sb.has_incompat(INCOMPAT_EXTENTS),
+            has_dir_index: sb.has_compat(COMPAT_DIR_INDEX),
+            has_inline_data: sb.has_incompat(INCOMPAT_INLINE_DATA),
+            huge_file: sb.has_ro_compat(RO_COMPAT_HUGE_FILE),
+            largedir: sb.has_incompat(INCOMPAT_LARGEDIR),
+            unsigned_hash: sb.s_flags & EXT2_FLAGS_UNSIGNED_HASH != 0,
+            def_hash_version: sb.s_def_hash_version,
+            hash_seed: sb.s_hash_seed,
+            gd_csum: if sb.has_metadata_csum() {
+                GdCsum::Crc32c { seed: sb.csum_seed() }
+            } else if sb.has_ro_compat(RO_COMPAT_GDT_CSUM) {
+                GdCsum::Crc16 { uuid: sb.s_uuid }
+            } else {
+                GdCsum::None
+            },
+            verify_checksums: !opts.ignore_checksums,
+        };
+        let cache = BufferCache::new(dev, geo.block_size, opts.cache_mb);
+        let groups = Self::read_group_descriptors(&cache, &sb, &geo)?;
+        let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
+        Ok(Filesystem {
+            cache,
+            geo,
+            sb: RwLock::new(sb),
+            groups,
+            inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            inode_cache_shard_capacity: shard_capacity,
+            read_only,
+            read_only_reason: reason,
+            replayed_journal_blocks,
+        })
+    }
+
+    /// Where group `group`'s descriptor lives: (block, byte offset in it).
+    pub fn group_desc_location(sb: &Superblock, group: u32) -> (u64, usize) {
+        let bs = sb.block_size() as u64;
+        let desc_size = sb.desc_size() as u64;
+        let per_block = bs / desc_size;
+        let first = sb.s_first_data_block as u64;
+        let index_in_block = (group as u64 % per_block) as usize * desc_size as usize;
+        let meta_group = group as u64 / per_block;
+        if !sb.has_incompat(INCOMPAT_META_BG) || meta_group < sb.s_first_meta_bg as u64 {
+            return (first + 1 + meta_group, index_in_block);
+        }
+        // meta_bg: each meta group's descriptor block sits in its first group,
+        // after the superblock backup if that group has one.
+        let g0 = meta_group * per_block;
+        let group_start = first + g0 * sb.s_blocks_per_group as u64;
+        let has_super = u64::from(group_has_superblock(sb, g0 as u32));
+        (group_start + has_super, index_in_block)
+    }
+
+    fn read_group_descriptors(cache: &BufferCache, sb: &Superblock, geo: &Geometry) -> Result<Vec<RwLock<GroupDesc>>> {
+        let mut groups = Vec::with_capacity(geo.group_count as usize);
+        for g in 0..geo.group_count {
+            let (block, off) = Self::group_desc_location(sb, g);
+            if block >= geo.blocks_count {
+                return Err(Error::corrupt(
+                    format!("descriptor block {block} is beyond the end"),
+                    format!("group {g}"),
+                ));
+            }
+            let buf = cache.get(block)?;
+            let data = buf.read();
+            let raw = &data[off..off + geo.desc_size];
+            if geo.verify_checksums {
+                GroupDesc::verify(raw, geo.desc_size, g, geo.gd_csum)?;
+            }
+            let gd = GroupDesc::parse(raw, geo.desc_size);
+            for (what, b) in [
+                ("block bitmap", gd.bg_block_bitmap),
+                ("inode bitmap", gd.bg_inode_bitmap),
+                ("inode table", gd.bg_inode_table),
+            ] {
+                if b < geo.first_data_block as u64 || b >= geo.blocks_count {
+                    return Err(Error::corrupt(
+                        format!("{what} at block {b} lies outside the filesystem"),
+                        format!("group {g}"),
+                    ));
+                }
+            }
+            let itable_blocks = (geo.inodes_per_group as u64 * geo.inode_size as u64).div_ceil(geo.block_size as u64);
+            if gd.bg_inode_table + itable_blocks > geo.blocks_count {
+                return Err(Error::corrupt("inode table runs past the end of the filesystem", format!("group {g}")));
+            }
+            groups.push(RwLock::new(gd));
+        }
+        Ok(groups)
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    pub fn superblock(&self) -> Superblock {
+        self.sb.read().clone()
+    }
+
+    pub fn group_desc(&self, group: u32) -> Option<GroupDesc> {
+        self.groups.get(group as usize).map(|g| g.read().clone())
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    pub fn read_only_reason(&self) -> &str {
+        &self.read_only_reason
+    }
+
+    /// How many blocks the journal replay (in memory) supplied at open; 0 if none.
+    pub fn replayed_journal_blocks(&self) -> usize {
+        self.replayed_journal_blocks
+    }
+
+    pub fn cache(&self) -> &BufferCache {
+        &self.cache
+    }
+
+    /// Checks that `block` (found in metadata of `what`) lies inside the filesystem.
+    pub(crate) fn check_block(&self, block: u64, what: &dyn Fn() -> String) -> Result<()> {
+        if block < self.geo.first_data_block as u64 || block >= self.geo.blocks_count {
+            return Err(Error::corrupt(
+                format!("block {block} lies outside the filesystem (0..{})", self.geo.blocks_count),
+                what(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The inode, parsed and checksum-verified once, then cached.
+    pub fn inode(&self, ino: u32) -> Result<Arc<Inode>> {
+        if ino == 0 || ino > self.geo.inodes_count {
+            return Err(Error::corrupt(
+                format!("inode number {ino} is out of range 1..={}", self.geo.inodes_count),
+                "inode reference",
+            ));
+        }
+        let shard = &self.inode_cache[ino as usize % INODE_CACHE_SHARDS];
+        if let Some(i) = shard.lock().get(&ino) {
+            return Ok(i.clone());
+        }
+        let inode = Arc::new(self.read_inode_from_table(ino)?);
+        let mut s = shard.lock();
+        if s.len() >= self.inode_cache_shard_capacity {
+            // Crude but bounded: drop the shard; parsed inodes are cheap to rebuild
+            // from the buffer cache, which keeps their table blocks.
+            s.clear();
+        }
+        s.insert(ino, inode.clone());
+        Ok(inode)
+    }
+
+    fn read_inode_from_table(&self, ino: u32) -> Result<Inode> {
+        let group = (ino - 1) / self.geo.inodes_per_group;
+        let index = (ino - 1) % self.geo.inodes_per_group;
+        let gd = self.groups[group as usize].read().clone();
+        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 && self.geo.gd_csum != GdCsum::None {
+            return Err(Error::corrupt(
+                format!("inode {ino} lies in uninitialized group {group}"),
+                format!("inode {ino}"),
+            ));
+        }
+        let byte = index as u64 * self.geo.inode_size as u64;
+        let block = gd.bg_inode_table + byte / self.geo.block_size as u64;
+        let off = (byte % self.geo.block_size as u64) as usize;
+        let buf = self.cache.get(block)?;
+        let data = buf.read();
+        let slot = &data[off..off + self.geo.inode_size];
+        let inode = Inode::parse(slot).map_err(|e| match e {
+            Error::Corrupt { what, .. } => Error::corrupt(what, format!("inode {ino}")),
+            e => e,
+        })?;
+        if self.geo.metadata_csum && self.geo.verify_checksums {
+            inode.verify_checksum(ino, self.geo.csum_seed)?;
+        }
+        Ok(inode)
+    }
+
+    /// Per-inode checksum seed for its extent, directory and htree blocks.
+    pub(crate) fn inode_seed(&self, ino: u32, inode: &Inode) -> u32 {
+        crate::format::inode::inode_csum_seed(self.geo.csum_seed, ino, inode.i_generation)
+    }
+
+    fn replay_journal_in_memory(
+        dev: &Arc<dyn BlockDevice>,
+        sb: &Superblock,
+        opts: &Options,
+    ) -> Result<std::collections::BTreeMap<u64, Vec<u8>>> {
+        // The journal inode is read through a temporary read-only filesystem on the
+        // unreplayed image: its blocks are not themselves journaled.
+        let probe = Self::finish_open(dev.clone(), sb.clone(), opts.clone(), true, String::new(), 0)?;
+        probe.journal_replay_blocks()
+    }
+}
+
+/// Whether `group` carries a superblock backup: group 0 and 1 always, and with
+/// sparse_super only powers of 3, 5 and 7 (and the sparse_super2 pair).
+pub fn group_has_superblock(sb: &Superblock, group: u32) -> bool {
+    if group == 0 {
+        return true;
+    }
+    if sb.has_compat(COMPAT_SPARSE_SUPER2) {
+        return group == sb.s_backup_bgs[0] || group == sb.s_backup_bgs[1];
+    }
+    if group <= 1 || !sb.has_ro_compat(RO_COMPAT_SPARSE_SUPER) {
+        return true;
+    }
+    if group.is_multiple_of(2) {
+        return false;
+    }
+    [3u32, 5, 7].iter().any(|&base| {
+        let mut n = base;
+        while n < group {
+            n = match n.checked_mul(base) {
+                Some(v) => v,
+                None => return false,
+            };
+        }
+        n == group
+    })
+}

@@ -1,0 +1,198 @@
+//! The namespace as callers see it: inode attributes (`stat`), path resolution and
+//! tree walks. Paths are byte strings, as ext4 names are bytes, not UTF-8.
+
+use crate::error::{Error, Result};
+use crate::format::inode::*;
+use crate::fs::Filesystem;
+
+pub const ROOT_INO: u32 = 2;
+/// Symlinks followed while resolving one path, as Linux's MAXSYMLINKS.
+const MAX_SYMLINK_FOLLOWS: usize = 40;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileType {
+    Regular,
+    Directory,
+    Symlink,
+    CharDevice,
+    BlockDevice,
+    Fifo,
+    Socket,
+}
+
+impl FileType {
+    pub fn from_mode(mode: u16) -> Option<FileType> {
+        Some(match mode & S_IFMT {
+            S_IFREG => FileType::Regular,
+            S_IFDIR => FileType::Directory,
+            S_IFLNK => FileType::Symlink,
+            S_IFCHR => FileType::CharDevice,
+            S_IFBLK => FileType::BlockDevice,
+            S_IFIFO => FileType::Fifo,
+            S_IFSOCK => FileType::Socket,
+            _ => return None,
+        })
+    }
+
+    /// The letter `ls -l` shows.
+    pub fn letter(self) -> char {
+        match self {
+            FileType::Regular => '-',
+            FileType::Directory => 'd',
+            FileType::Symlink => 'l',
+            FileType::CharDevice => 'c',
+            FileType::BlockDevice => 'b',
+            FileType::Fifo => 'p',
+            FileType::Socket => 's',
+        }
+    }
+}
+
+/// Inode attributes, as `stat(2)` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub ino: u32,
+    pub file_type: FileType,
+    /// Permission bits and setuid/setgid/sticky (mode & 0o7777).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// 512-byte units, as st_blocks.
+    pub blocks: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Option<Timestamp>,
+    /// (major, minor) for device inodes.
+    pub rdev: (u32, u32),
+    pub flags: u32,
+    pub generation: u32,
+}
+
+impl Stat {
+    pub fn mode(&self) -> u32 {
+        let t = match self.file_type {
+            FileType::Regular => S_IFREG,
+            FileType::Directory => S_IFDIR,
+            FileType::Symlink => S_IFLNK,
+            FileType::CharDevice => S_IFCHR,
+            FileType::BlockDevice => S_IFBLK,
+            FileType::Fifo => S_IFIFO,
+            FileType::Socket => S_IFSOCK,
+        };
+        (t | self.perm) as u32
+    }
+}
+
+impl Filesystem {
+    pub fn stat(&self, ino: u32) -> Result<Stat> {
+        let i = self.inode(ino)?;
+        let file_type = FileType::from_mode(i.i_mode).ok_or_else(|| {
+            Error::corrupt(format!("inode has no valid file type (mode {:#o})", i.i_mode), format!("inode {ino}"))
+        })?;
+        let rdev = match file_type {
+            FileType::CharDevice | FileType::BlockDevice => i.device_number(),
+            _ => (0, 0),
+        };
+        // With dir_nlink, a directory with too many subdirectories stores 1.
+        Ok(Stat {
+            ino,
+            file_type,
+            perm: i.i_mode & 0o7777,
+            nlink: i.i_links_count as u32,
+            uid: i.i_uid,
+            gid: i.i_gid,
+            size: i.i_size,
+            blocks: i.blocks_512(self.geo.huge_file, self.geo.block_size as u32),
+            atime: i.i_atime,
+            mtime: i.i_mtime,
+            ctime: i.i_ctime,
+            crtime: i.i_crtime,
+            rdev,
+            flags: i.i_flags,
+            generation: i.i_generation,
+        })
+    }
+
+    /// Resolves an absolute path to an inode. Symlinks in the middle of the path are
+    /// followed; the last component is not (lstat semantics).
+    pub fn lookup_path(&self, path: &[u8]) -> Result<u32> {
+        let shown = String::from_utf8_lossy(path).into_owned();
+        let mut pending: Vec<Vec<u8>> = split_path(path);
+        pending.reverse();
+        let mut stack: Vec<u32> = vec![ROOT_INO];
+        let mut follows = 0;
+        while let Some(comp) = pending.pop() {
+            let dir = *stack.last().unwrap();
+            if comp == b"." {
+                continue;
+            }
+            if comp == b".." {
+                if stack.len() > 1 {
+                    stack.pop();
+                }
+                continue;
+            }
+            let dir_inode = self.inode(dir)?;
+            if !dir_inode.is_dir() {
+                return Err(Error::Invalid(format!("{shown}: a path component is not a directory")));
+            }
+            let ino = self.lookup(dir, &comp)?.ok_or_else(|| Error::NotFound(shown.clone()))?;
+            let inode = self.inode(ino)?;
+            if inode.is_symlink() && !pending.is_empty() {
+                follows += 1;
+                if follows > MAX_SYMLINK_FOLLOWS {
+                    return Err(Error::Invalid(format!("{shown}: too many levels of symbolic links")));
+                }
+                let target = self.read_link(ino)?;
+                if target.starts_with(b"/") {
+                    stack.truncate(1);
+                }
+                for c in split_path(&target).into_iter().rev() {
+                    pending.push(c);
+                }
+                continue;
+            }
+            stack.push(ino);
+        }
+        Ok(*stack.last().unwrap())
+    }
+
+    /// Walks the tree under `start` depth-first, calling `visit(path, stat)` for
+    /// every inode reached (the start included, with path "/" relative to it).
+    /// Directories are visited before their contents. A directory loop (a corrupt
+    /// image) is cut off by refusing to descend deeper than 4096 levels.
+    pub fn walk(&self, start: u32, visit: &mut dyn FnMut(&[u8], &Stat) -> Result<()>) -> Result<()> {
+        let st = self.stat(start)?;
+        visit(b"/", &st)?;
+        if st.file_type != FileType::Directory {
+            return Ok(());
+        }
+        let mut stack: Vec<(Vec<u8>, u32, usize)> = vec![(Vec::new(), start, 0)];
+        while let Some((prefix, dir, depth)) = stack.pop() {
+            if depth > 4096 {
+                return Err(Error::corrupt("directory tree deeper than 4096 levels (a loop?)", format!("inode {dir}")));
+            }
+            for e in self.read_dir(dir)? {
+                if e.name == b"." || e.name == b".." {
+                    continue;
+                }
+                let mut path = prefix.clone();
+                path.push(b'/');
+                path.extend_from_slice(&e.name);
+                let st = self.stat(e.ino)?;
+                visit(&path, &st)?;
+                if st.file_type == FileType::Directory {
+                    stack.push((path, e.ino, depth + 1));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn split_path(path: &[u8]) -> Vec<Vec<u8>> {
+    path.split(|&c| c == b'/').filter(|c| !c.is_empty()).map(|c| c.to_vec()).collect()
+}
