@@ -221,6 +221,13 @@ impl Extractor<'_> {
     }
 }
 
+impl CpArgs {
+    /// A recursive copy, as the demo and tests use it.
+    pub fn new(source: Target, dest: PathBuf, open: OpenArgs) -> CpArgs {
+        CpArgs { recursive: true, source, dest, open }
+    }
+}
+
 pub fn run(a: CpArgs) -> Result<()> {
     let fs = open_ro(&a.source.image, &a.open)?;
     let ino = fs.lookup_path(&a.source.path)?;

@@ -38,6 +38,12 @@ pub struct OpenArgs {
     pub cache_mb: usize,
 }
 
+impl Default for OpenArgs {
+    fn default() -> OpenArgs {
+        OpenArgs { ignore_checksums: false, cache_mb: 256 }
+    }
+}
+
 pub fn open_ro(image: &std::path::Path, args: &OpenArgs) -> Result<Filesystem> {
     Filesystem::open(
         image,

@@ -125,6 +125,15 @@ fn apply_features(edits: &[String]) -> Result<[u32; 3]> {
             words[w as usize] &= !bit;
         }
     }
+    if words[1] & INCOMPAT_EXTENTS == 0 && words[1] & INCOMPAT_64BIT != 0 {
+        // Block maps hold 32-bit block numbers, so 64bit needs extents. 64bit is
+        // only a default: drop it unless it was asked for by name.
+        let asked = edits.iter().flat_map(|e| e.split(',')).any(|e| e == "64bit");
+        if asked {
+            return Err(Error::Invalid("64bit needs the extent feature (block maps hold 32-bit block numbers)".into()));
+        }
+        words[1] &= !INCOMPAT_64BIT;
+    }
     if words[2] & RO_COMPAT_METADATA_CSUM != 0 {
         // metadata_csum supersedes the crc16 descriptor checksums.
         words[2] &= !RO_COMPAT_GDT_CSUM;

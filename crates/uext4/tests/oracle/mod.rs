@@ -1,0 +1,102 @@
+//! Running the oracles (programs nobody in this project wrote): e2fsck, dumpe2fs,
+//! debugfs, mkfs.ext4 and the kernel through loop mounts.
+//!
+//! A test that needs something missing here skips with a message, unless
+//! UEXT4_REQUIRE_ORACLES=1, in which case the skip is a failure.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn oracles_required() -> bool {
+    std::env::var("UEXT4_REQUIRE_ORACLES").map(|v| v == "1").unwrap_or(false)
+}
+
+/// Returns false (after saying why) when the test should skip.
+pub fn skip_unless(available: bool, why: &str) -> bool {
+    if available {
+        return true;
+    }
+    if oracles_required() {
+        panic!("UEXT4_REQUIRE_ORACLES=1 but {why}");
+    }
+    eprintln!("SKIPPED: {why}");
+    false
+}
+
+pub fn have_tool(name: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True when loop mounts can work here: root, and the loop driver answers.
+pub fn can_loop_mount() -> bool {
+    is_root() && Command::new("losetup").arg("-f").output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+pub fn require_e2fsprogs() -> bool {
+    skip_unless(have_tool("e2fsck") && have_tool("mkfs.ext4") && have_tool("debugfs"), "e2fsprogs is not installed")
+}
+
+pub fn require_loop() -> bool {
+    skip_unless(can_loop_mount(), "loop mounts need root and a loop device")
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{cmd:?} failed ({}):\n{text}", out.status);
+    text
+}
+
+/// `e2fsck -fn` must exit 0 and print nothing beyond its pass headers and summary.
+pub fn assert_e2fsck_clean(image: &Path) {
+    let out = Command::new("e2fsck").arg("-fn").arg(image).output().expect("run e2fsck");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let unexpected: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            !l.starts_with("Pass ") && !l.starts_with("e2fsck ") && !l.contains(" files (") && !l.trim().is_empty()
+        })
+        .collect();
+    assert!(
+        out.status.success() && unexpected.is_empty(),
+        "e2fsck -fn {} exit {}:\n{text}",
+        image.display(),
+        out.status
+    );
+}
+
+/// The value of a `dumpe2fs -h` field.
+pub fn dumpe2fs_field(image: &Path, field: &str) -> Option<String> {
+    let out = run(Command::new("dumpe2fs").arg("-h").arg(image));
+    out.lines().find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
+}
+
+/// A loop mount that is undone when dropped, even if the test panics.
+pub struct Mount {
+    pub dir: PathBuf,
+    _holder: tempfile::TempDir,
+}
+
+impl Mount {
+    pub fn new(image: &Path, options: &str) -> Mount {
+        let holder = tempfile::tempdir().unwrap();
+        let dir = holder.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let opts = if options.is_empty() { "loop".to_string() } else { format!("loop,{options}") };
+        run(Command::new("mount").arg("-o").arg(opts).arg(image).arg(&dir));
+        Mount { dir, _holder: holder }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
