@@ -165,13 +165,12 @@ impl ExtentNode {
         }
     }
 
-    /// Serializes into `b` (i_block or a block); entries past `eh_entries` are zeroed.
+    /// Serializes into `b` (i_block or a block). Slots past `eh_entries` are left as
+    /// they are: the kernel leaves stale entries there, and keeping them makes a
+    /// parse/write round trip exact. Fresh nodes start from zeroed buffers.
     pub fn write(&self, b: &mut [u8]) {
         let h = self.header();
         h.write(b);
-        let end = HEADER_SIZE + h.eh_max as usize * ENTRY_SIZE;
-        let end = end.min(b.len());
-        b[HEADER_SIZE..end].fill(0);
         match self {
             ExtentNode::Leaf(_, v) => {
                 for (i, e) in v.iter().enumerate() {

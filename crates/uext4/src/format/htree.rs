@@ -144,7 +144,8 @@ pub fn set_checksum(block: &mut [u8], countlimit_offset: usize, inode_seed: u32)
     if tail + DX_TAIL_SIZE > block.len() {
         return Err(Error::corrupt("htree node has no room for its checksum tail", "htree node"));
     }
-    put_le32(block, tail, 0);
+    // dt_reserved is covered by the checksum but kept as found: e2fsck -D leaves
+    // bytes there and the kernel never clears them. New nodes start zeroed.
     let c = checksum(block, countlimit_offset, inode_seed)?;
     put_le32(block, tail + 4, c);
     Ok(())
