@@ -187,13 +187,14 @@ impl Extractor<'_> {
             if n == 0 {
                 break;
             }
-            // Keep holes as holes: skip writing all-zero chunks and extend at the end.
-            if buf[..n].iter().all(|&b| b == 0) {
-                off += n as u64;
-                continue;
-            }
+            // Keep holes as holes: write only the 4 KiB pieces that hold data; set_len
+            // below extends the file over a trailing hole.
             use std::os::unix::fs::FileExt;
-            f.write_all_at(&buf[..n], off).map_err(|e| host_error(dst, e))?;
+            for (i, piece) in buf[..n].chunks(4096).enumerate() {
+                if piece.iter().any(|&b| b != 0) {
+                    f.write_all_at(piece, off + (i * 4096) as u64).map_err(|e| host_error(dst, e))?;
+                }
+            }
             off += n as u64;
         }
         f.set_len(st.size).map_err(|e| host_error(dst, e))?;
