@@ -15,38 +15,57 @@ pub struct StatsArgs {
     open: OpenArgs,
 }
 
-/// Power-of-two buckets: bucket k holds values in [2^(k-1), 2^k), bucket 0 holds 0.
+/// fsstats' histogram: buckets [0-1], [2-3], [4-7], ... with, per bucket, how many
+/// items fall in it and how much of the total value (entries, bytes) they hold.
 #[derive(Default)]
 struct Histogram {
     counts: Vec<u64>,
+    sums: Vec<u64>,
     total: u64,
+    sum: u64,
+    min: Option<u64>,
+    max: u64,
 }
 
 impl Histogram {
     fn add(&mut self, v: u64) {
-        let k = if v == 0 { 0 } else { 64 - v.leading_zeros() as usize };
+        let k = if v <= 1 { 0 } else { 63 - v.leading_zeros() as usize };
         if self.counts.len() <= k {
             self.counts.resize(k + 1, 0);
+            self.sums.resize(k + 1, 0);
         }
         self.counts[k] += 1;
+        self.sums[k] += v;
         self.total += 1;
+        self.sum += v;
+        self.min = Some(self.min.map_or(v, |m| m.min(v)));
+        self.max = self.max.max(v);
     }
 
     fn print(&self, title: &str, unit: &str) {
-        println!("{title}");
-        println!("  {:>22} {:>10} {:>8} {:>8}", format!("range ({unit})"), "count", "%", "cum %");
-        let mut cum = 0;
-        for (k, &c) in self.counts.iter().enumerate() {
+        println!("{title}: range, count of items in range, % of items, cumulative %, total {unit} in range, % of {unit}, cumulative %");
+        let avg = if self.total == 0 { 0.0 } else { self.sum as f64 / self.total as f64 };
+        println!("  count={} avg={avg:.2} {unit}", self.total);
+        println!("  min={} {unit} max={} {unit}", self.min.unwrap_or(0), self.max);
+        let pct = |a: u64, b: u64| if b == 0 { 0.0 } else { 100.0 * a as f64 / b as f64 };
+        let width = (64 - self.max.max(1).leading_zeros() as usize).div_ceil(3) + 1;
+        let (mut cum, mut cum_sum) = (0, 0);
+        for (k, (&c, &s)) in self.counts.iter().zip(&self.sums).enumerate() {
             if c == 0 {
                 continue;
             }
             cum += c;
-            let range = if k == 0 { "0".to_string() } else { format!("{}-{}", 1u64 << (k - 1), (1u64 << k) - 1) };
-            let pct = 100.0 * c as f64 / self.total as f64;
-            let cpct = 100.0 * cum as f64 / self.total as f64;
-            println!("  {range:>22} {c:>10} {pct:>7.2}% {cpct:>7.2}%");
+            cum_sum += s;
+            let (lo, hi) = if k == 0 { (0, 1) } else { (1u64 << k, (1u64 << (k + 1)) - 1) };
+            println!(
+                "  [{lo:>w$}-{hi:>w$} {unit}]: {c:>8} ({:>6.2}%) ({:>6.2}% cumulative) {s:>14} {unit} ({:>6.2}%) ({:>6.2}% cumulative)",
+                pct(c, self.total),
+                pct(cum, self.total),
+                pct(s, self.sum),
+                pct(cum_sum, self.sum),
+                w = width * 3 / 2
+            );
         }
-        println!("  {:>22} {:>10}", "total", self.total);
     }
 }
 
@@ -88,9 +107,9 @@ pub fn run(a: StatsArgs) -> Result<()> {
         }
         Ok(())
     })?;
-    dir_entries.print("Directory sizes (entries, excluding . and ..)", "entries");
+    dir_entries.print("directory size (entries, not counting . and ..)", "ents");
     println!();
-    file_sizes.print("File sizes", "bytes");
+    file_sizes.print("file size (bytes)", "bytes");
     println!();
     println!("Inode size {} bytes: up to {inline_max} bytes fit inline", g.inode_size);
     let pct = |a: u64, b: u64| {
