@@ -307,8 +307,19 @@ impl Superblock {
             return bad("cluster size differs from block size without bigalloc".into());
         }
         let bs = self.block_size() as u64;
-        if self.s_blocks_per_group == 0 || self.s_blocks_per_group as u64 > 8 * bs {
-            return bad(format!("{} blocks per group does not fit one bitmap block", self.s_blocks_per_group));
+        // Block bitmaps count clusters: with bigalloc a group spans more blocks than bits.
+        if self.s_log_cluster_size < self.s_log_block_size || self.s_log_cluster_size > self.s_log_block_size + 16 {
+            return bad(format!("cluster size 2^(10+{}) is out of range", self.s_log_cluster_size));
+        }
+        let blocks_per_cluster = 1u64 << (self.s_log_cluster_size - self.s_log_block_size);
+        if self.s_clusters_per_group == 0
+            || self.s_clusters_per_group as u64 > 8 * bs
+            || self.s_blocks_per_group as u64 != self.s_clusters_per_group as u64 * blocks_per_cluster
+        {
+            return bad(format!(
+                "{} blocks / {} clusters per group do not fit one bitmap block",
+                self.s_blocks_per_group, self.s_clusters_per_group
+            ));
         }
         if self.s_inodes_per_group == 0 || self.s_inodes_per_group as u64 > 8 * bs {
             return bad(format!("{} inodes per group does not fit one bitmap block", self.s_inodes_per_group));
