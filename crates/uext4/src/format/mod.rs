@@ -13,5 +13,6 @@ pub mod group_desc;
 pub mod hash;
 pub mod htree;
 pub mod inode;
+pub mod journal;
 pub mod superblock;
 pub mod xattr;
