@@ -38,6 +38,8 @@ struct Extractor<'a> {
     links: HashMap<u32, PathBuf>,
     /// Directories whose times are set after their contents are written.
     dir_times: Vec<(PathBuf, Stat)>,
+    /// Directory inodes entered so far: a second link to one is a loop in a damaged image.
+    dirs_entered: std::collections::HashSet<u32>,
     is_root: bool,
     copied: u64,
     progress: bool,
@@ -111,6 +113,12 @@ impl Extractor<'_> {
             FileType::Directory => {
                 if !recursive {
                     return Err(Error::Invalid(format!("{} is a directory (use -r)", dst.display())));
+                }
+                if !self.dirs_entered.insert(ino) {
+                    return Err(Error::corrupt(
+                        format!("directory inode {ino} is linked twice (a directory loop?)"),
+                        dst.display().to_string(),
+                    ));
                 }
                 self.make_dir(dst)?;
                 self.copy_dir_contents(ino, dst)?;
@@ -237,6 +245,7 @@ pub fn run(a: CpArgs) -> Result<()> {
         fs: &fs,
         links: HashMap::new(),
         dir_times: Vec::new(),
+        dirs_entered: std::collections::HashSet::new(),
         // SAFETY: geteuid has no preconditions.
         is_root: unsafe { libc::geteuid() } == 0,
         copied: 0,
@@ -251,6 +260,7 @@ pub fn run(a: CpArgs) -> Result<()> {
             if !a.recursive {
                 return Err(Error::Invalid(format!("{} is a directory (use -r)", a.source.shown())));
             }
+            ex.dirs_entered.insert(ino);
             ex.copy_dir_contents(ino, &a.dest)?;
         }
         (_, true, Some(name)) => {

@@ -51,7 +51,16 @@ impl Filesystem {
                 format!("directory inode {ino}"),
             ));
         }
-        Ok(inode.i_size / bs)
+        // Directories have no holes and no shared blocks, so a directory larger
+        // than the filesystem is damage; refusing it bounds every directory scan.
+        let blocks = inode.i_size / bs;
+        if blocks > self.geo.blocks_count {
+            return Err(Error::corrupt(
+                format!("directory size {} exceeds the filesystem ({} blocks)", inode.i_size, self.geo.blocks_count),
+                format!("directory inode {ino}"),
+            ));
+        }
+        Ok(blocks)
     }
 
     /// Reads logical block `lblk` of directory `ino` through the cache, verifying

@@ -28,8 +28,9 @@ impl Filesystem {
         let buf = &mut buf[..want];
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             let data = self.inline_data(ino, inode)?;
-            let start = offset as usize;
-            let avail = data.len().saturating_sub(start).min(want);
+            // i_size may claim more than is stored; clamp so the slice stays in range.
+            let start = (offset.min(data.len() as u64)) as usize;
+            let avail = (data.len() - start).min(want);
             buf[..avail].copy_from_slice(&data[start..start + avail]);
             // Past the stored bytes an inline file reads as zeros (as the kernel does).
             buf[avail..].fill(0);
@@ -59,7 +60,11 @@ impl Filesystem {
         let inode = self.inode(ino)?;
         let size = usize::try_from(inode.i_size)
             .map_err(|_| Error::Invalid(format!("inode {ino} of {} bytes does not fit in memory", inode.i_size)))?;
-        let mut v = vec![0u8; size];
+        // A damaged i_size can ask for terabytes: fail instead of aborting on allocation.
+        let mut v = Vec::new();
+        v.try_reserve_exact(size)
+            .map_err(|_| Error::Invalid(format!("inode {ino} of {} bytes does not fit in memory", inode.i_size)))?;
+        v.resize(size, 0);
         let n = self.read_inode_data(ino, &inode, 0, &mut v)?;
         v.truncate(n);
         Ok(v)

@@ -103,8 +103,9 @@ pub struct Filesystem {
 
 /// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
 fn check_device_size(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
-    let need = sb.s_blocks_count * sb.block_size() as u64;
-    if dev.size() < need {
+    // u128: a hostile block count times a 64 KiB block overflows u64.
+    let need = sb.s_blocks_count as u128 * sb.block_size() as u128;
+    if (dev.size() as u128) < need {
         return Err(Error::corrupt(
             format!(
                 "image is {} bytes but the superblock says {} blocks of {} bytes ({need} bytes): truncated",
@@ -129,7 +130,7 @@ impl Filesystem {
         let mut raw = [0u8; SUPERBLOCK_SIZE];
         if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
             return Err(Error::corrupt(
-                format!("image of {} bytes is too small to hold a superblock", dev.size()),
+                format!("image of {} bytes is too small to hold a superblock (truncated?)", dev.size()),
                 "device",
             ));
         }

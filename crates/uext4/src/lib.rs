@@ -14,6 +14,8 @@ pub mod extent;
 pub mod file;
 pub mod format;
 pub mod fs;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inline;
 pub mod journal;
 pub mod mkfs;

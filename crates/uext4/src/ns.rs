@@ -4,6 +4,7 @@
 use crate::error::{Error, Result};
 use crate::format::inode::*;
 use crate::fs::Filesystem;
+use std::collections::HashSet;
 
 pub const ROOT_INO: u32 = 2;
 /// Symlinks followed while resolving one path, as Linux's MAXSYMLINKS.
@@ -162,14 +163,16 @@ impl Filesystem {
 
     /// Walks the tree under `start` depth-first, calling `visit(path, stat)` for
     /// every inode reached (the start included, with path "/" relative to it).
-    /// Directories are visited before their contents. A directory loop (a corrupt
-    /// image) is cut off by refusing to descend deeper than 4096 levels.
+    /// Directories are visited before their contents. A directory reached twice (a
+    /// loop or a second link to a directory, both corrupt) ends the walk with an
+    /// error, so a damaged tree costs at most one pass over each directory.
     pub fn walk(&self, start: u32, visit: &mut dyn FnMut(&[u8], &Stat) -> Result<()>) -> Result<()> {
         let st = self.stat(start)?;
         visit(b"/", &st)?;
         if st.file_type != FileType::Directory {
             return Ok(());
         }
+        let mut dirs_seen: HashSet<u32> = HashSet::from([start]);
         let mut stack: Vec<(Vec<u8>, u32, usize)> = vec![(Vec::new(), start, 0)];
         while let Some((prefix, dir, depth)) = stack.pop() {
             if depth > 4096 {
@@ -185,6 +188,12 @@ impl Filesystem {
                 let st = self.stat(e.ino)?;
                 visit(&path, &st)?;
                 if st.file_type == FileType::Directory {
+                    if !dirs_seen.insert(e.ino) {
+                        return Err(Error::corrupt(
+                            format!("directory inode {} is linked twice (a directory loop?)", e.ino),
+                            format!("entry {} in directory inode {dir}", String::from_utf8_lossy(&path)),
+                        ));
+                    }
                     stack.push((path, e.ino, depth + 1));
                 }
             }

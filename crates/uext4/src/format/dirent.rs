@@ -28,10 +28,14 @@ pub const fn rec_len_for(name_len: usize) -> usize {
     (DIRENT_HEADER_LEN + name_len + 3) & !3
 }
 
-/// Decodes rec_len; 65536-byte blocks store a full-block entry as 0 or 65535.
+/// Decodes rec_len; 65536-byte blocks store a full-block entry as 0 or 65535 and
+/// lengths above 65535 in the low two bits. Smaller blocks store it as is, so a
+/// damaged rec_len is reported as the value on disk.
 pub fn rec_len_from_disk(raw: u16, block_size: usize) -> usize {
     let len = raw as usize;
-    if block_size >= 65536 && (raw == 0 || raw == 65535) {
+    if block_size < 65536 {
+        len
+    } else if raw == 0 || raw == 65535 {
         block_size
     } else {
         (len & 65532) | ((len & 3) << 16)

@@ -1,0 +1,883 @@
+//! Bad input: corrupt or hostile images must end in a clear error (`Corrupt` or
+//! `Unsupported`), never a panic, a hang or unbounded memory.
+//!
+//! * the e2fsprogs damaged-image corpus (../shared/corpus/e2fsprogs), every image
+//!   opened and walked with and without checksum verification;
+//! * systematic damage to images made here without root (`mkfs.ext4 -d`): bytes
+//!   flipped in every kind of metadata block, truncation, looping and out-of-range
+//!   extent trees, broken directory entries and absurd counts;
+//! * a deterministic mini fuzz: seeded random mutations of small images through the
+//!   same open-and-walk routine as the cargo-fuzz target (`uext4::fuzzing`).
+
+mod common_bad;
+
+use common_bad::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uext4::dev::MemDevice;
+use uext4::fuzzing::{self, Budget};
+use uext4::{Filesystem, Options};
+
+/// Time one corpus image may take (open and walk, both checksum modes).
+const CORPUS_IMAGE_LIMIT: Duration = Duration::from_secs(20);
+/// Time one damaged fixture may take.
+const TRIAL_LIMIT: Duration = Duration::from_secs(10);
+/// Peak memory the whole test binary may reach.
+const PEAK_RSS_LIMIT_MIB: u64 = 3 * 1024;
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/e2fsprogs")
+}
+
+#[derive(Default)]
+struct Tally {
+    opened_clean: u32,
+    opened_with_errors: u32,
+    open_corrupt: u32,
+    open_unsupported: u32,
+}
+
+impl Tally {
+    fn add(&mut self, o: &Outcome) {
+        match o {
+            Outcome::Opened(r) if r.errors() == 0 => self.opened_clean += 1,
+            Outcome::Opened(_) => self.opened_with_errors += 1,
+            Outcome::OpenCorrupt(_) => self.open_corrupt += 1,
+            Outcome::OpenUnsupported(_) | Outcome::OpenOther(_) => self.open_unsupported += 1,
+        }
+    }
+}
+
+#[test]
+fn e2fsprogs_corpus_never_panics_or_hangs() {
+    let dir = corpus_dir();
+    let mut images: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_string_lossy();
+                n.ends_with(".img.gz") || n.ends_with(".img.bz2")
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    if !skip_unless(!images.is_empty(), &format!("the e2fsprogs image corpus is not at {}", dir.display())) {
+        return;
+    }
+    let need_bzip2 = images.iter().any(|p| p.to_string_lossy().ends_with(".bz2"));
+    if need_bzip2 && !have_tool("bzip2") {
+        // Four of the images; the rest (gzip) still run.
+        eprintln!("bzip2 is not installed: skipping the .img.bz2 images");
+        images.retain(|p| !p.to_string_lossy().ends_with(".bz2"));
+    }
+    images.sort();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tallies = [Tally::default(), Tally::default()];
+    let mut failures = Vec::new();
+    let mut slowest = (Duration::ZERO, String::new());
+    eprintln!("{:<40} {:<9} outcome", "image", "checksums");
+    for src in &images {
+        let path = decompress(src, tmp.path());
+        let name = src.file_name().unwrap().to_string_lossy().to_string();
+        let start = Instant::now();
+        let p = path.clone();
+        let result = bounded(CORPUS_IMAGE_LIMIT, move || {
+            [false, true].map(|ignore| {
+                let opts = Options { ignore_checksums: ignore, ..Options::default() };
+                Outcome::of(Filesystem::open(&p, opts).map(|fs| fuzzing::walk_everything(&fs, &Budget::thorough())))
+            })
+        });
+        let took = start.elapsed();
+        if took > slowest.0 {
+            slowest = (took, name.clone());
+        }
+        match result {
+            Ok(outcomes) => {
+                for (i, o) in outcomes.iter().enumerate() {
+                    let mode = if i == 0 { "verified" } else { "ignored" };
+                    eprintln!("{name:<40} {mode:<9} {}", o.short());
+                    tallies[i].add(o);
+                    if let Some(bug) = o.bug() {
+                        failures.push(format!("{name} (checksums {mode}): {bug}"));
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("{name:<40} {e}");
+                failures.push(format!("{name}: {e}"));
+            }
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    eprintln!("\n{} images; slowest {} in {:?}", images.len(), slowest.1, slowest.0);
+    eprintln!("{:<20} {:>8} {:>12} {:>13} {:>12}", "checksums", "clean", "walk errors", "open corrupt", "unsupported");
+    for (i, t) in tallies.iter().enumerate() {
+        eprintln!(
+            "{:<20} {:>8} {:>12} {:>13} {:>12}",
+            if i == 0 { "verified" } else { "ignored" },
+            t.opened_clean,
+            t.opened_with_errors,
+            t.open_corrupt,
+            t.open_unsupported
+        );
+    }
+    if let Some(peak) = peak_rss_mib() {
+        eprintln!("peak RSS {peak} MiB");
+        assert!(peak < PEAK_RSS_LIMIT_MIB, "peak memory {peak} MiB");
+    }
+    assert!(failures.is_empty(), "{} corpus failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+// ---------------------------------------------------------------------------
+// Systematic damage: bytes flipped in every kind of metadata block
+
+/// Flips tried per kind of metadata block, per shape and checksum mode.
+const FLIPS_PER_KIND: usize = 150;
+
+/// Words one of which an error about damage to `kind` should contain.
+fn words_for(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::Superblock => &["superblock", "magic"],
+        Kind::GroupDescriptors => &["group descriptor"],
+        Kind::InodeTable => &["inode checksum", "inode", "i_extra_isize"],
+        Kind::ExtentIndex | Kind::ExtentLeaf => &["extent"],
+        Kind::DirLeaf => &["directory"],
+        Kind::HtreeRoot | Kind::HtreeNode => &["htree", "directory"],
+        Kind::XattrBlock => &["xattr"],
+        Kind::IndirectBlock | Kind::JournalSuperblock => &[],
+    }
+}
+
+/// Whether damage to `kind` must be caught, given the image's checksum features.
+fn must_detect(kind: Kind, metadata_csum: bool, gdt_csum: bool) -> bool {
+    match kind {
+        Kind::GroupDescriptors => metadata_csum || gdt_csum,
+        Kind::IndirectBlock | Kind::JournalSuperblock => false,
+        _ => metadata_csum,
+    }
+}
+
+/// A byte offset inside `meta`'s ranges (relative to its block), chosen by `rng`.
+fn pick_offset(meta: &Meta, rng: &mut Rng) -> usize {
+    let total: usize = meta.ranges.iter().map(|(a, b)| b - a).sum();
+    let mut r = rng.below(total as u64) as usize;
+    for &(a, b) in &meta.ranges {
+        if r < b - a {
+            return a + r;
+        }
+        r -= b - a;
+    }
+    unreachable!()
+}
+
+fn flip_metadata(shape: Shape) {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let base = fixture(shape);
+    let budget = trial_budget();
+    for ignore in [false, true] {
+        let clean = try_image(base.clone(), ignore, &budget, TRIAL_LIMIT).unwrap();
+        assert!(
+            clean.is_clean(),
+            "{} (ignore_checksums {ignore}) is not clean to start with: {}",
+            shape.name(),
+            clean.short()
+        );
+    }
+    let map = metadata_map(&base);
+    let ro_compat = uext4::format::bytes::le32(&base, 1024 + 0x64);
+    let (metadata_csum, gdt_csum) = (ro_compat & 0x400 != 0, ro_compat & 0x10 != 0);
+    let bs = block_size_of(&base);
+    let mut rng = Rng::new(0xF11B + shape as u64);
+    let mut failures = Vec::new();
+    eprintln!("{}: {:<18} {:>6} {:>7} {:>9} {:>9}", shape.name(), "kind", "blocks", "trials", "detected", "must");
+    let mut kinds: Vec<Kind> = map.iter().map(|m| m.kind).collect();
+    kinds.sort();
+    kinds.dedup();
+    for kind in kinds {
+        let blocks: Vec<&Meta> = map.iter().filter(|m| m.kind == kind && !m.ranges.is_empty()).collect();
+        if blocks.is_empty() {
+            continue;
+        }
+        let must = must_detect(kind, metadata_csum, gdt_csum);
+        let (mut trials, mut detected) = (0, 0);
+        for i in 0..FLIPS_PER_KIND {
+            let meta = blocks[i % blocks.len()];
+            let off = pick_offset(meta, &mut rng);
+            // Half the flips invert the byte, half set a random nonzero pattern.
+            let x = if i % 2 == 0 { 0xFF } else { rng.below(255) as u8 + 1 };
+            let at = meta.block as usize * bs + off;
+            let mut img = base.clone();
+            img[at] ^= x;
+            if kind == Kind::JournalSuperblock {
+                // The journal is read only when it needs recovery: say it does.
+                img[1024 + 0x60] |= 0x4;
+                fix_superblock_csum(&mut img);
+            }
+            // Clearing ro_compat bits may switch metadata_csum off: no checksum then.
+            let exempt = kind == Kind::Superblock && (0x64..0x68).contains(&(at - 1024));
+            for ignore in [false, true] {
+                let what = format!(
+                    "{} {kind:?} block {} byte {off} ^= {x:#04x}, ignore_checksums {ignore}",
+                    shape.name(),
+                    meta.block
+                );
+                let o = match try_image(img.clone(), ignore, &budget, TRIAL_LIMIT) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        failures.push(format!("{what}: {e}"));
+                        continue;
+                    }
+                };
+                if let Some(bug) = o.bug() {
+                    failures.push(format!("{what}: {bug}"));
+                }
+                if ignore {
+                    continue;
+                }
+                trials += 1;
+                if !o.is_clean() {
+                    detected += 1;
+                }
+                if must && !exempt {
+                    let named = words_for(kind).iter().any(|w| o.mentions(&[w])) || o.mentions(&["checksum"]);
+                    if o.is_clean() {
+                        failures.push(format!("{what}: damage not detected"));
+                    } else if !named && !matches!(o, Outcome::OpenUnsupported(_)) {
+                        failures.push(format!("{what}: error does not name the damage: {}", o.short()));
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "{}: {:<18} {:>6} {:>7} {:>9} {:>9}",
+            shape.name(),
+            format!("{kind:?}"),
+            blocks.len(),
+            trials,
+            detected,
+            must
+        );
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn flipped_metadata_bytes_csum_image() {
+    flip_metadata(Shape::Csum);
+}
+
+#[test]
+fn flipped_metadata_bytes_inline_data_image() {
+    flip_metadata(Shape::InlineData);
+}
+
+#[test]
+fn flipped_metadata_bytes_indirect_map_image() {
+    flip_metadata(Shape::NoExtent);
+}
+
+#[test]
+fn flipped_metadata_bytes_no_csum_image() {
+    flip_metadata(Shape::NoCsum);
+}
+
+// ---------------------------------------------------------------------------
+// Targeted damage
+
+/// Opens and walks `image` in both checksum modes; returns the verified outcome.
+/// Any panic, hang or error of the wrong kind fails the test.
+fn both_modes(what: &str, image: &[u8]) -> (Outcome, Outcome) {
+    let run = |ignore: bool| {
+        let o = try_image(image.to_vec(), ignore, &trial_budget(), TRIAL_LIMIT)
+            .unwrap_or_else(|e| panic!("{what} (ignore_checksums {ignore}): {e}"));
+        if let Some(bug) = o.bug() {
+            panic!("{what} (ignore_checksums {ignore}): {bug}");
+        }
+        eprintln!("{what} (ignore_checksums {ignore}): {}", o.short());
+        o
+    };
+    (run(false), run(true))
+}
+
+fn assert_corrupt_mentioning(what: &str, o: &Outcome, words: &[&str]) {
+    assert!(!o.is_clean(), "{what}: damage not detected: {}", o.short());
+    assert!(
+        o.mentions(words) && !matches!(o, Outcome::OpenOther(_)),
+        "{what}: expected an error mentioning {words:?}, got {:?}",
+        o.messages()
+    );
+}
+
+#[test]
+fn truncated_images_are_corrupt_and_say_so() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    for shape in [Shape::Csum, Shape::NoExtent] {
+        let base = fixture(shape);
+        let bs = block_size_of(&base);
+        let len = base.len();
+        for cut in [0, 100, 1024, 1500, 2047, 2048, 3 * bs, 64 * bs, len / 4, len / 2, len - bs, len - 1] {
+            let what = format!("{} cut to {cut} bytes", shape.name());
+            let (v, i) = both_modes(&what, &base[..cut]);
+            for o in [v, i] {
+                assert!(matches!(o, Outcome::OpenCorrupt(_)), "{what}: {}", o.short());
+                assert_corrupt_mentioning(&what, &o, &["truncated"]);
+            }
+        }
+    }
+}
+
+/// The extent index block of /sparse (a depth-2 tree) and the inode's seed.
+fn sparse_index(image: &[u8]) -> (u32, u64, u32) {
+    let ino = ino_of(image, "/sparse");
+    let map = metadata_map(image);
+    let m = map
+        .iter()
+        .find(|m| m.kind == Kind::ExtentIndex && m.ino == Some(ino))
+        .expect("/sparse has an extent index block");
+    (ino, m.block, inode_seed(image, ino))
+}
+
+#[test]
+fn looping_extent_trees_are_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::put_le32;
+    use uext4::format::extent::set_block_checksum;
+    let base = fixture(Shape::Csum);
+    let (ino, idx, seed) = sparse_index(&base);
+    // The index block's first entry points back at the index block itself.
+    let mut img = base.clone();
+    {
+        let b = block_mut(&mut img, idx);
+        put_le32(b, 12 + 4, idx as u32);
+        set_block_checksum(b, seed);
+    }
+    let (v, i) = both_modes("extent index pointing at itself", &img);
+    for o in [&v, &i] {
+        assert_corrupt_mentioning("extent index pointing at itself", o, &["extent", "depth"]);
+    }
+    // ...and also claims the depth of its parent, so the loop looks consistent
+    // from above: the depth must still go down at every step.
+    {
+        let b = block_mut(&mut img, idx);
+        b[6] = 2;
+        set_block_checksum(b, seed);
+    }
+    let (v, i) = both_modes("extent index pointing at itself at its parent's depth", &img);
+    for o in [&v, &i] {
+        assert_corrupt_mentioning("extent loop at the parent's depth", o, &["extent", "depth"]);
+    }
+    // The root (in the inode) pointing at a leaf while claiming two levels below it.
+    let mut img = base.clone();
+    let leaf = metadata_map(&base).iter().find(|m| m.kind == Kind::ExtentLeaf && m.ino == Some(ino)).unwrap().block;
+    edit_inode(&mut img, ino, |slot| put_le32(slot, 0x28 + 12 + 4, leaf as u32));
+    let (v, _) = both_modes("extent root skipping a level", &img);
+    assert_corrupt_mentioning("extent root skipping a level", &v, &["extent", "depth"]);
+}
+
+#[test]
+fn extents_past_the_end_are_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    for shape in [Shape::Csum, Shape::NoCsum] {
+        let base = fixture(shape);
+        let ino = ino_of(&base, "/medium");
+        let blocks = (base.len() / block_size_of(&base)) as u32;
+        // /medium is one contiguous extent in the inode: entry 0 of the root.
+        let start = 0x28 + 12;
+        // (case, byte offset in the inode, value, width in bytes)
+        let cases = [
+            ("starting past the end", start + 8, blocks + 5, 4),
+            ("running past the end", start + 8, blocks - 3, 4),
+            ("with a huge high start", start + 6, 0xFFFF, 2),
+            ("starting at block 0", start + 8, 0, 4),
+        ];
+        for (name, at, value, width) in cases {
+            let what = format!("{} extent {name}", shape.name());
+            let mut img = base.clone();
+            edit_inode(&mut img, ino, |s| s[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]));
+            let (v, i) = both_modes(&what, &img);
+            if name != "starting at block 0" || block_size_of(&base) == 1024 {
+                for o in [&v, &i] {
+                    assert_corrupt_mentioning(&what, o, &["outside the filesystem"]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn broken_directory_entries_are_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::put_le16;
+    use uext4::format::dirent::set_tail;
+    let base = fixture(Shape::Csum);
+    let bs = block_size_of(&base);
+    let dir = ino_of(&base, "/a");
+    let seed = inode_seed(&base, dir);
+    let block = metadata_map(&base).iter().find(|m| m.kind == Kind::DirLeaf && m.ino == Some(dir)).unwrap().block;
+    // "." is 12 bytes; ".." follows at offset 12, then "b".
+    let cases: [(&str, usize, u16, &[&str]); 5] = [
+        ("rec_len running past the block", 12, (2 * bs) as u16, &["rec_len", "past the end"]),
+        ("rec_len of zero", 12, 0, &["rec_len", "smaller"]),
+        ("rec_len not a multiple of 4", 12, 14, &["rec_len", "multiple of 4"]),
+        ("rec_len too small for the name", 0, 8, &["rec_len"]),
+        ("last rec_len 4 past the block", 24, (bs - 24 + 4) as u16, &["rec_len", "past the end"]),
+    ];
+    for (name, off, rec_len, words) in cases {
+        let mut img = base.clone();
+        let b = block_mut(&mut img, block);
+        put_le16(b, off + 4, rec_len);
+        set_tail(b, seed);
+        let (v, i) = both_modes(name, &img);
+        for o in [&v, &i] {
+            assert_corrupt_mentioning(name, o, words);
+        }
+    }
+    // A name longer than its entry ("..", 12 bytes), and an entry naming an inode past the count.
+    let mut img = base.clone();
+    let b = block_mut(&mut img, block);
+    b[12 + 6] = 5;
+    set_tail(b, seed);
+    let (v, _) = both_modes("name_len past its entry", &img);
+    assert_corrupt_mentioning("name_len past its entry", &v, &["rec_len", "name"]);
+    let mut img = base.clone();
+    let b = block_mut(&mut img, block);
+    b[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    set_tail(b, seed);
+    let (v, _) = both_modes("entry naming inode 2^32-1", &img);
+    assert_corrupt_mentioning("entry naming inode 2^32-1", &v, &["inode", "beyond"]);
+}
+
+/// Edits superblock fields with `f` (raw bytes 1024..2048) and fixes the checksum.
+fn with_superblock(base: &[u8], f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    let mut img = base.to_vec();
+    f(&mut img[1024..2048]);
+    fix_superblock_csum(&mut img);
+    img
+}
+
+#[test]
+fn absurd_superblock_counts_are_corrupt_without_huge_allocations() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::put_le32;
+    let base = fixture(Shape::Csum);
+    let cases: Vec<(&str, Vec<u8>, &[&str])> = vec![
+        ("s_inodes_count 2^32-1", with_superblock(&base, |s| put_le32(s, 0x0, u32::MAX)), &["inode count"]),
+        ("s_blocks_count 2^32-1", with_superblock(&base, |s| put_le32(s, 0x4, u32::MAX)), &["superblock"]),
+        ("s_blocks_count 2^48 (64bit)", with_superblock(&base, |s| put_le32(s, 0x150, 0xFFFF)), &["superblock"]),
+        ("s_inodes_per_group 2^32-1", with_superblock(&base, |s| put_le32(s, 0x28, u32::MAX)), &["inodes per group"]),
+        ("s_inodes_per_group 0", with_superblock(&base, |s| put_le32(s, 0x28, 0)), &["inodes per group"]),
+        ("s_blocks_per_group 0", with_superblock(&base, |s| put_le32(s, 0x20, 0)), &["per group"]),
+        (
+            // One block per group: 6144 groups, whose descriptors run into garbage.
+            "s_blocks_per_group 1",
+            with_superblock(&base, |s| {
+                put_le32(s, 0x20, 1);
+                put_le32(s, 0x24, 1);
+                put_le32(s, 0x28, 1);
+                put_le32(s, 0x0, 6143);
+            }),
+            &["group"],
+        ),
+        ("s_log_block_size 40", with_superblock(&base, |s| put_le32(s, 0x18, 40)), &["block size"]),
+        (
+            "s_inode_size 4",
+            with_superblock(&base, |s| s[0x58..0x5A].copy_from_slice(&4u16.to_le_bytes())),
+            &["inode size"],
+        ),
+        (
+            "s_desc_size 3",
+            with_superblock(&base, |s| s[0xFE..0x100].copy_from_slice(&3u16.to_le_bytes())),
+            &["descriptor size"],
+        ),
+        (
+            // Blocks times block size overflows 64 bits: 2^32-1 groups of 2^19 64 KiB blocks.
+            "byte size overflowing 64 bits",
+            with_superblock(&base, |s| {
+                put_le32(s, 0x18, 6);
+                put_le32(s, 0x1C, 6);
+                put_le32(s, 0x14, 0);
+                put_le32(s, 0x20, 1 << 19);
+                put_le32(s, 0x24, 1 << 19);
+                put_le32(s, 0x28, 1);
+                put_le32(s, 0x0, u32::MAX);
+                put_le32(s, 0x4, 0xFFF8_0000);
+                put_le32(s, 0x150, 0x0007_FFFF);
+            }),
+            &["truncated"],
+        ),
+    ];
+    for (what, img, words) in cases {
+        let start = Instant::now();
+        let (v, i) = both_modes(what, &img);
+        assert!(start.elapsed() < Duration::from_secs(5), "{what} took {:?}", start.elapsed());
+        for o in [&v, &i] {
+            assert_corrupt_mentioning(what, o, words);
+        }
+    }
+}
+
+#[test]
+fn absurd_inode_and_node_counts_are_corrupt_without_huge_allocations() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::{put_le16, put_le32};
+    use uext4::format::extent::set_block_checksum;
+    let base = fixture(Shape::Csum);
+    let medium = ino_of(&base, "/medium");
+    let deep = ino_of(&base, "/deep");
+    let a = ino_of(&base, "/a");
+    let attrs = ino_of(&base, "/attrs");
+    let (_, idx, seed) = sparse_index(&base);
+    let mut cases: Vec<(String, Vec<u8>, Vec<&str>)> = Vec::new();
+    let mut edit = |what: &str, ino: u32, words: Vec<&'static str>, f: &dyn Fn(&mut [u8])| {
+        let mut img = base.clone();
+        edit_inode(&mut img, ino, f);
+        cases.push((what.to_string(), img, words));
+    };
+    edit("root eh_entries > eh_max", medium, vec!["extent", "entries"], &|s| put_le16(s, 0x28 + 2, 5));
+    edit("root eh_max beyond i_block", medium, vec!["extent", "max"], &|s| put_le16(s, 0x28 + 4, 200));
+    edit("root eh_depth 40", medium, vec!["extent", "depth"], &|s| put_le16(s, 0x28 + 6, 40));
+    // Directory sizes: 2^40 bytes, and 2^40 + 1 (not a whole number of blocks).
+    for (dir, name) in [(a, "small"), (deep, "htree")] {
+        edit(&format!("{name} directory of 2^40 bytes"), dir, vec!["directory"], &|s| {
+            put_le32(s, 0x4, 0);
+            put_le32(s, 0x6C, 1 << 8);
+        });
+        edit(&format!("{name} directory of 2^40+1 bytes"), dir, vec!["directory", "size"], &|s| {
+            put_le32(s, 0x4, 1);
+            put_le32(s, 0x6C, 1 << 8);
+        });
+    }
+    // A regular file of 2^63 bytes, mostly holes: reads must stay bounded.
+    edit("file of 2^63 bytes", medium, vec![], &|s| put_le32(s, 0x6C, 1 << 31));
+    edit("symlink of 2^32+3 bytes", ino_of(&base, "/long-link"), vec!["symlink"], &|s| put_le32(s, 0x6C, 1));
+    edit("xattr block pointer past the end", attrs, vec!["xattr", "outside"], &|s| put_le32(s, 0x68, 0xFFFF_0000));
+    // The first in-inode xattr (after the 128 + i_extra_isize bytes and the magic)
+    // claims a 4 GiB value.
+    edit("in-inode e_value_size 2^32-1", attrs, vec!["xattr", "value"], &|s| {
+        let first = 128 + u16::from_le_bytes([s[0x80], s[0x81]]) as usize + 4;
+        put_le32(s, first + 8, u32::MAX);
+    });
+    // Extent index block whose eh_entries exceeds eh_max.
+    let mut img = base.clone();
+    {
+        let b = block_mut(&mut img, idx);
+        put_le16(b, 2, 0xFFFF);
+        set_block_checksum(b, seed);
+    }
+    cases.push(("index block eh_entries 65535".into(), img, vec!["extent", "entries"]));
+    // An xattr block entry whose value claims 4 GiB.
+    let xb = metadata_map(&base).iter().find(|m| m.kind == Kind::XattrBlock).map(|m| m.block);
+    if let Some(xb) = xb {
+        let mut img = base.clone();
+        let b = block_mut(&mut img, xb);
+        put_le32(b, 32 + 8, u32::MAX);
+        uext4::format::xattr::set_block_checksum(b, xb, uext4_fs_seed(&base));
+        cases.push(("xattr e_value_size 2^32-1".into(), img, vec!["xattr", "value"]));
+    }
+    for (what, img, words) in cases {
+        let start = Instant::now();
+        let (v, i) = both_modes(&what, &img);
+        assert!(start.elapsed() < Duration::from_secs(8), "{what} took {:?}", start.elapsed());
+        if !words.is_empty() {
+            for o in [&v, &i] {
+                assert_corrupt_mentioning(&what, o, &words);
+            }
+        }
+    }
+}
+
+fn uext4_fs_seed(image: &[u8]) -> u32 {
+    let fs = Filesystem::open_device(Arc::new(MemDevice::new(image.to_vec())), opts(true)).unwrap();
+    fs.geometry().csum_seed
+}
+
+#[test]
+fn directory_loops_end_walks_quickly() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::dirent::{set_tail, DirEntryIter};
+    let base = fixture(Shape::Csum);
+    let bs = block_size_of(&base);
+    let a = ino_of(&base, "/a");
+    // Two entries of /a/b/c/d point back at /a, two of /big at the root: every
+    // pass round a loop doubles the paths a naive walk would follow.
+    let map = metadata_map(&base);
+    let mut img = base.clone();
+    for (dir, target, count) in [("/a/b/c/d", a, 1), ("/big", 2, 2), ("/a/b", a, 1)] {
+        let ino = ino_of(&base, dir);
+        let seed = inode_seed(&base, ino);
+        let mut left = count;
+        for m in map.iter().filter(|m| m.kind == Kind::DirLeaf && m.ino == Some(ino)) {
+            let b = block_mut(&mut img, m.block);
+            let offsets: Vec<usize> = DirEntryIter::new(b, bs, true, u32::MAX, "test")
+                .filter_map(|e| e.ok())
+                .filter(|e| e.inode != 0 && e.name != b"." && e.name != b"..")
+                .map(|e| e.offset)
+                .take(left)
+                .collect();
+            for off in &offsets {
+                b[*off..*off + 4].copy_from_slice(&target.to_le_bytes());
+                b[*off + 7] = 2; // file type: directory
+            }
+            set_tail(b, seed);
+            left -= offsets.len();
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    let (v, i) = both_modes("directory loops", &img);
+    for o in [&v, &i] {
+        assert!(o.mentions(&["directory", "loop"]), "{}", o.short());
+    }
+    // The public walk on its own must end, with an error naming the loop.
+    let done = bounded(TRIAL_LIMIT, move || {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(img)), opts(false)).unwrap();
+        let mut n = 0u64;
+        let r = fs.walk(uext4::ROOT_INO, &mut |_, _| {
+            n += 1;
+            Ok(())
+        });
+        (r.map_err(|e| e.to_string()), n)
+    })
+    .unwrap_or_else(|e| panic!("walk of a looping tree: {e}"));
+    eprintln!("walk of a looping tree: {:?} after {} entries", done.0, done.1);
+    let err = done.0.expect_err("a looping tree is corrupt");
+    assert!(err.contains("directory") && err.contains("loop"), "{err}");
+    assert!(done.1 < 20_000, "the walk followed the loop {} times", done.1);
+}
+
+#[test]
+fn directory_larger_than_the_filesystem_is_corrupt_quickly() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::dirent::set_tail;
+    use uext4::format::extent::{set_block_checksum, Extent, ExtentHeader, ExtentIndex, ExtentNode, EXT4_EXT_MAGIC};
+    let mut img = fixture(Shape::Csum);
+    let bs = block_size_of(&img);
+    let dir = ino_of(&img, "/a");
+    let seed = inode_seed(&img, dir);
+    // The journal's blocks (not needed: nothing to recover) become valid empty
+    // directory blocks, mapped again and again by a two-level extent tree: a
+    // directory of millions of blocks in a 6 MiB image.
+    let (jstart, jlen) = {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(img.clone())), opts(true)).unwrap();
+        let j = fs.superblock().s_journal_inum;
+        let inode = fs.inode(j).unwrap();
+        // Its longest contiguous run.
+        fs.file_mappings(j, &inode)
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m.kind {
+                uext4::extent::MapKind::Mapped(p) => Some((p, m.len)),
+                _ => None,
+            })
+            .max_by_key(|&(_, len)| len)
+            .unwrap()
+    };
+    let per = uext4::format::extent::max_entries_in_block(bs);
+    let data = jlen - per as u64 - 2;
+    assert!(data > 100, "journal of {jlen} blocks is too small");
+    for b in jstart..jstart + data {
+        let blk = block_mut(&mut img, b);
+        blk.fill(0);
+        blk[4..6].copy_from_slice(&((bs - 12) as u16).to_le_bytes());
+        set_tail(blk, seed);
+    }
+    let header = |entries: u16, max: u16, depth: u16| ExtentHeader {
+        eh_magic: EXT4_EXT_MAGIC,
+        eh_entries: entries,
+        eh_max: max,
+        eh_depth: depth,
+        eh_generation: 0,
+    };
+    let index_block = jstart + data;
+    let leaf0 = index_block + 1;
+    let mut index = Vec::new();
+    for i in 0..per as u64 {
+        let leaf = leaf0 + i;
+        let extents = (0..per as u64)
+            .map(|j| Extent {
+                ee_block: ((i * per as u64 + j) * data) as u32,
+                len: data as u32,
+                unwritten: false,
+                start: jstart,
+            })
+            .collect();
+        let blk = block_mut(&mut img, leaf);
+        blk.fill(0);
+        ExtentNode::Leaf(header(per, per, 0), extents).write(blk);
+        set_block_checksum(blk, seed);
+        index.push(ExtentIndex { ei_block: (i * per as u64 * data) as u32, leaf });
+    }
+    let blk = block_mut(&mut img, index_block);
+    blk.fill(0);
+    ExtentNode::Index(header(per, per, 1), index).write(blk);
+    set_block_checksum(blk, seed);
+    let size = per as u64 * per as u64 * data * bs as u64;
+    edit_inode(&mut img, dir, |s| {
+        let mut root = [0u8; 60];
+        ExtentNode::Index(header(1, 4, 2), vec![ExtentIndex { ei_block: 0, leaf: index_block }]).write(&mut root);
+        s[0x28..0x64].copy_from_slice(&root);
+        s[0x4..0x8].copy_from_slice(&(size as u32).to_le_bytes());
+        s[0x6C..0x70].copy_from_slice(&((size >> 32) as u32).to_le_bytes());
+    });
+    let start = Instant::now();
+    let (v, i) = both_modes(&format!("directory of {} blocks", size / bs as u64), &img);
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    for o in [&v, &i] {
+        assert_corrupt_mentioning("huge directory", o, &["directory", "size"]);
+    }
+}
+
+#[test]
+fn reads_past_inline_data_never_panic() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::put_le32;
+    let base = fixture(Shape::InlineData);
+    let small = ino_of(&base, "/small");
+    let mut img = base.clone();
+    // A 10-byte inline file that claims 100000 bytes.
+    edit_inode(&mut img, small, |s| put_le32(s, 0x4, 100_000));
+    let (v, _) = both_modes("inline file longer than its data", &img);
+    assert!(v.bug().is_none());
+    let fs = Filesystem::open_device(Arc::new(MemDevice::new(img)), opts(false)).unwrap();
+    let mut buf = [0u8; 64];
+    for off in [0u64, 50, 59, 60, 61, 500, 99_990, 100_000, 1 << 40] {
+        let n = fs.read(small, off, &mut buf).unwrap_or_else(|e| panic!("read at {off}: {e}"));
+        assert_eq!(n as u64, 64.min(100_000u64.saturating_sub(off)), "read at {off}");
+    }
+    assert_eq!(fs.read_all(small).unwrap().len(), 100_000);
+}
+
+// ---------------------------------------------------------------------------
+// Mini fuzz: the cargo-fuzz target's routine over seeded random mutations
+
+/// Mutated images tried (override with UEXT4_MINI_FUZZ_CASES).
+const MINI_FUZZ_CASES: u64 = 5_000;
+
+#[test]
+fn mini_fuzz_seeded_mutations() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let cases = std::env::var("UEXT4_MINI_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(MINI_FUZZ_CASES);
+    let seeds = small_fixtures();
+    let maps: Vec<Vec<Meta>> = seeds.iter().map(|(_, img)| metadata_map(img)).collect();
+    let mut rng = Rng::new(0x5EED_F022);
+    let mut tallies = [Tally::default(), Tally::default()];
+    let mut failures = Vec::new();
+    let start = Instant::now();
+    for case in 0..cases {
+        let which = rng.below(seeds.len() as u64) as usize;
+        let (shape, seed) = &seeds[which];
+        let bs = block_size_of(seed);
+        // 1 to 8 edits, most of them aimed at the bytes of a metadata block.
+        let mut data = Vec::new();
+        for _ in 0..1 + rng.below(8) {
+            let off = if rng.below(10) < 8 {
+                let m = &maps[which][rng.below(maps[which].len() as u64) as usize];
+                m.block as usize * bs + pick_offset(m, &mut rng)
+            } else {
+                rng.below(seed.len() as u64) as usize
+            };
+            data.extend_from_slice(&(off as u32).to_le_bytes());
+            data.push(rng.next() as u8);
+            data.push(rng.next() as u8);
+        }
+        let img = fuzzing::mutate(seed, &data);
+        let result = bounded(TRIAL_LIMIT, move || {
+            [false, true]
+                .map(|ignore| Outcome::of(fuzzing::open_and_walk_bytes(img.clone(), opts(ignore), &Budget::fuzz())))
+        });
+        let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
+        match result {
+            Ok(outcomes) => {
+                for (i, o) in outcomes.iter().enumerate() {
+                    tallies[i].add(o);
+                    if let Some(bug) = o.bug() {
+                        failures.push(format!(
+                            "case {case} ({} seed, edits {hex}), ignore_checksums {}: {bug}",
+                            shape.name(),
+                            i == 1
+                        ));
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("case {case} ({} seed, edits {hex}): {e}", shape.name())),
+        }
+    }
+    eprintln!("mini fuzz: {cases} mutated images in {:?}", start.elapsed());
+    eprintln!("{:<20} {:>8} {:>12} {:>13} {:>12}", "checksums", "clean", "walk errors", "open corrupt", "unsupported");
+    for (i, t) in tallies.iter().enumerate() {
+        eprintln!(
+            "{:<20} {:>8} {:>12} {:>13} {:>12}",
+            if i == 0 { "verified" } else { "ignored" },
+            t.opened_clean,
+            t.opened_with_errors,
+            t.open_corrupt,
+            t.open_unsupported
+        );
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn hostile_htree_indexes_are_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::{put_le16, put_le32};
+    use uext4::format::htree::set_checksum;
+    let base = fixture(Shape::Csum);
+    let deep = ino_of(&base, "/deep");
+    let seed = inode_seed(&base, deep);
+    let map = metadata_map(&base);
+    let root = map.iter().find(|m| m.kind == Kind::HtreeRoot && m.ino == Some(deep)).unwrap().block;
+    let name = format!("n0007-{}", "x".repeat(200));
+    // dx_root: info at 0x18 (hash version +4, levels +6), then limit, count, block 0, entries.
+    type Edit<'a> = &'a dyn Fn(&mut [u8]);
+    let cases: [(&str, Edit, &[&str]); 5] = [
+        ("three indirect levels without largedir", &|b| b[0x18 + 6] = 3, &["htree", "levels"]),
+        ("hash version 99", &|b| b[0x18 + 4] = 99, &["hash version"]),
+        ("count above limit", &|b| put_le16(b, 0x22, 200), &["htree", "count"]),
+        ("entry past the directory", &|b| put_le32(b, 0x24, 1 << 20), &["htree", "points at"]),
+        ("entry pointing at the root itself", &|b| put_le32(b, 0x24, 0), &["htree", "points at"]),
+    ];
+    for (what, f, words) in cases {
+        let mut img = base.clone();
+        let b = block_mut(&mut img, root);
+        f(b);
+        // The count/limit stay in place; rewrite the checksum unless they no longer fit.
+        let _ = set_checksum(b, 0x20, seed);
+        let (v, i) = both_modes(what, &img);
+        for o in [&v, &i] {
+            assert!(!o.is_clean(), "{what}: not detected");
+        }
+        // Lookups must say what is wrong with the index.
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(img)), opts(true)).unwrap();
+        let err = fs.lookup(deep, name.as_bytes()).expect_err(what);
+        let msg = err.to_string();
+        assert!(matches!(err, uext4::Error::Corrupt { .. }), "{what}: {msg}");
+        assert!(words.iter().all(|w| msg.contains(w)), "{what}: {msg} should mention {words:?}");
+    }
+}
