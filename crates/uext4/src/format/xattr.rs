@@ -96,9 +96,7 @@ pub fn parse_entries(area: &[u8], entries_off: usize, value_base: usize, locatio
             e_hash: le32(area, off + 12),
             name: Vec::new(),
         };
-        if name_len == 0 {
-            return bad("xattr entry has an empty name".into());
-        }
+        // An empty suffix is normal: POSIX ACLs are index 2 or 3 with no name at all.
         let name_end = off + XATTR_ENTRY_HEADER_LEN + name_len;
         if name_end > area.len() {
             return bad(format!("xattr name of {name_len} bytes runs past the end"));
