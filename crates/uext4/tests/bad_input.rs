@@ -10,6 +10,7 @@
 //!   same open-and-walk routine as the cargo-fuzz target (`uext4::fuzzing`).
 
 mod common_bad;
+mod oracle;
 
 use common_bad::*;
 use std::path::PathBuf;

@@ -17,34 +17,8 @@ use uext4::format::inode::{Inode, EXT4_EXTENTS_FL, EXT4_INDEX_FL, EXT4_INLINE_DA
 use uext4::fuzzing::{self, Budget, Report};
 use uext4::{Error, FileType, Filesystem, Options, ROOT_INO};
 
-pub fn oracles_required() -> bool {
-    std::env::var("UEXT4_REQUIRE_ORACLES").map(|v| v == "1").unwrap_or(false)
-}
-
-/// False (after saying why) when the test should skip; a panic when skipping is not allowed.
-pub fn skip_unless(available: bool, why: &str) -> bool {
-    if available {
-        return true;
-    }
-    assert!(!oracles_required(), "UEXT4_REQUIRE_ORACLES=1 but {why}");
-    eprintln!("SKIPPED: {why}");
-    false
-}
-
-pub fn have_tool(name: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().map(|o| o.status.success()).unwrap_or(false)
-}
-
-pub fn require_e2fsprogs() -> bool {
-    skip_unless(have_tool("mkfs.ext4") && have_tool("e2fsck"), "e2fsprogs (mkfs.ext4, e2fsck) is not installed")
-}
-
-pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{cmd:?} failed ({}):\n{text}", out.status);
-    text
-}
+// The oracle helpers are shared with the other integration tests.
+pub use super::oracle::{have_tool, oracles_required, require_e2fsprogs, run, skip_unless};
 
 /// Runs `f` on its own thread: Err with the panic message if it panics, or with a
 /// note if it has not finished within `limit` (the thread is then abandoned).
