@@ -572,3 +572,102 @@ fn hash_half_md4_unsigned() {
     let big = || Content { big_dir_entries: 10_000, big_dir_name_len: 40, big_file: 0, extent_shape: false };
     check_shape("half_md4 unsigned", &["-b", "1024"], "128M", big(), &["ssv flags 2"]);
 }
+
+/// A host tree with what an unprivileged user can make (no device nodes, owners
+/// or trusted xattrs).
+fn fill_host_tree(root: &Path) {
+    let big = root.join("big-dir");
+    fs::create_dir_all(&big).unwrap();
+    for i in 0..3000 {
+        let mut name = format!("{i:06}-").into_bytes();
+        if i % 2 == 0 {
+            name.extend_from_slice(b"\xc3\xa9\xff");
+        }
+        name.resize(60, b'n');
+        fs::write(big.join(OsStr::from_bytes(&name)), i.to_string()).unwrap();
+    }
+    let mut deep = root.join("deep");
+    for level in 0..32 {
+        deep = deep.join(format!("l{level}"));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(deep.join("bottom"), b"bottom").unwrap();
+    for (i, len) in [0usize, 1, 59, 60, 61, 150, 1025, 4097, 70_000, (3 << 20) + 1].into_iter().enumerate() {
+        fs::write(root.join(format!("size-{len}")), pattern(len, i as u64)).unwrap();
+    }
+    // No trailing hole here: mkfs.ext4 1.47.0 -d with inline_data records such a
+    // file's size as its last data byte (debugfs agrees with uext4 on the image).
+    // The kernel-filled shapes cover trailing holes.
+    let sparse = fs::File::create(root.join("sparse")).unwrap();
+    sparse.write_all_at(b"middle", 5 << 20).unwrap();
+    sparse.write_all_at(b"end", (12 << 20) - 3).unwrap();
+    for len in [1usize, 59, 60, 61, 500] {
+        std::os::unix::fs::symlink("t".repeat(len), root.join(format!("symlink-{len}"))).unwrap();
+    }
+    fs::write(root.join("target"), b"linked").unwrap();
+    fs::hard_link(root.join("target"), root.join("hard")).unwrap();
+    let attrs = root.join("attrs");
+    fs::write(&attrs, b"x").unwrap();
+    setxattr(&attrs, "user.small", b"v");
+    setxattr(&attrs, "user.large", &pattern(700, 3));
+    fs::set_permissions(root.join("size-1"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::set_permissions(root.join("deep"), fs::Permissions::from_mode(0o1777)).unwrap();
+    for i in 0..4 {
+        let d = root.join(format!("small-dir-{i}"));
+        fs::create_dir(&d).unwrap();
+        for j in 0..i {
+            fs::write(d.join(format!("f{j}")), b"s").unwrap();
+        }
+    }
+}
+
+/// Without root there is no kernel to fill an image: mkfs.ext4 -d builds it from a
+/// host tree, and the host tree is the reference. mkfs.ext4 -d keeps whole seconds
+/// only and sets its own ctimes, and directory sizes differ between filesystems, so
+/// those are left out of the comparison.
+#[test]
+fn host_tree_through_mkfs_d() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fill_host_tree(&src);
+    let normalize = |m: Manifest| -> Manifest {
+        m.into_iter()
+            .filter(|(p, _)| p != b"/" && p != b"/lost+found")
+            .map(|(p, mut e)| {
+                e.mtime.1 = 0;
+                e.ctime = (0, 0);
+                // A directory's size depends on the filesystem holding it.
+                if e.kind == 'd' {
+                    e.size = 0;
+                }
+                (p, e)
+            })
+            .collect()
+    };
+    let host = normalize(kernel_manifest(&src));
+    for (shape, args) in [
+        ("defaults", &[][..]),
+        ("-b 4096", &["-b", "4096"][..]),
+        ("inline_data", &["-O", "inline_data"][..]),
+        ("block-mapped", &["-O", "^extent,^64bit"][..]),
+        ("^metadata_csum", &["-O", "^metadata_csum"][..]),
+    ] {
+        for index in [false, true] {
+            let image = dir.path().join("fs.img");
+            oracle::run(
+                Command::new("mkfs.ext4").args(["-q", "-F"]).args(args).arg("-d").arg(&src).arg(&image).arg("128M"),
+            );
+            if index {
+                // e2fsck -D turns the big linear directory into an htree (exit 1: changed).
+                let st = Command::new("e2fsck").arg("-fyD").arg(&image).output().unwrap().status;
+                assert!(matches!(st.code(), Some(0 | 1)), "e2fsck -fyD: {st}");
+            }
+            let fs = Filesystem::open(&image, Options::default()).unwrap();
+            let ours = normalize(uext4_manifest(&fs));
+            assert_same(&host, &ours, &format!("mkfs.ext4 -d {shape} (indexed: {index})"));
+        }
+    }
+}
