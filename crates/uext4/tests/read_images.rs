@@ -549,6 +549,12 @@ fn block_mapped() {
 }
 
 #[test]
+fn meta_bg() {
+    // Descriptor blocks spread over the meta groups instead of one table after the superblock.
+    check_shape("-O meta_bg", &["-O", "meta_bg,^resize_inode", "-b", "1024"], "600M", small(), &[]);
+}
+
+#[test]
 fn no_dir_index() {
     check_shape("-O ^dir_index", &["-O", "^dir_index"], "128M", small(), &[]);
 }
