@@ -857,13 +857,20 @@ fn hostile_htree_indexes_are_corrupt() {
     let root = map.iter().find(|m| m.kind == Kind::HtreeRoot && m.ino == Some(deep)).unwrap().block;
     let name = format!("n0007-{}", "x".repeat(200));
     // dx_root: info at 0x18 (hash version +4, levels +6), then limit, count, block 0, entries.
+    fn set_all_blocks(b: &mut [u8], to: u32) {
+        let count = u16::from_le_bytes([b[0x22], b[0x23]]) as usize;
+        for i in 0..count {
+            put_le32(b, 0x24 + 8 * i, to);
+        }
+    }
     type Edit<'a> = &'a dyn Fn(&mut [u8]);
     let cases: [(&str, Edit, &[&str]); 5] = [
         ("three indirect levels without largedir", &|b| b[0x18 + 6] = 3, &["htree", "levels"]),
         ("hash version 99", &|b| b[0x18 + 4] = 99, &["hash version"]),
         ("count above limit", &|b| put_le16(b, 0x22, 200), &["htree", "count"]),
-        ("entry past the directory", &|b| put_le32(b, 0x24, 1 << 20), &["htree", "points at"]),
-        ("entry pointing at the root itself", &|b| put_le32(b, 0x24, 0), &["htree", "points at"]),
+        // Every entry, not just one: the probed name's route depends on the random hash seed.
+        ("entry past the directory", &|b| set_all_blocks(b, 1 << 20), &["htree", "points at"]),
+        ("entry pointing at the root itself", &|b| set_all_blocks(b, 0), &["htree", "points at"]),
     ];
     for (what, f, words) in cases {
         let mut img = base.clone();
