@@ -99,6 +99,11 @@ pub struct Filesystem {
     read_only_reason: String,
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
+    pub(crate) alloc: crate::alloc::AllocState,
+    /// Directory name locks (DESIGN.md level 2; one per directory until pdirops).
+    pub(crate) dir_locks: crate::locks::LockTable,
+    /// Inode locks (DESIGN.md level 3), by inode number.
+    pub(crate) inode_locks: crate::locks::LockTable,
 }
 
 /// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
@@ -222,14 +227,25 @@ impl Filesystem {
             },
             verify_checksums: !opts.ignore_checksums,
         };
+        let (read_only, reason) = if !read_only && !geo.has_extents {
+            return Err(Error::unsupported(
+                "writing to a filesystem without the extent feature (block-mapped files); open it read-only",
+            ));
+        } else {
+            (read_only, reason)
+        };
         let cache = BufferCache::new(dev, geo.block_size, opts.cache_mb);
         let groups = Self::read_group_descriptors(&cache, &sb, &geo)?;
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
+        let alloc = crate::alloc::AllocState::new(&groups.iter().map(|g| g.read().clone()).collect::<Vec<_>>());
         Ok(Filesystem {
             cache,
             geo,
             sb: RwLock::new(sb),
             groups,
+            alloc,
+            dir_locks: crate::locks::LockTable::default(),
+            inode_locks: crate::locks::LockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inode_cache_shard_capacity: shard_capacity,
             read_only,
@@ -347,18 +363,26 @@ impl Filesystem {
         if let Some(i) = shard.lock().get(&ino) {
             return Ok(i.clone());
         }
-        let inode = Arc::new(self.read_inode_from_table(ino)?);
-        let mut s = shard.lock();
+        self.read_inode_from_table(ino)
+    }
+
+    /// Makes `inode` the cached copy of `ino` (after a write).
+    pub(crate) fn cache_inode(&self, ino: u32, inode: Inode) -> Arc<Inode> {
+        let inode = Arc::new(inode);
+        let mut s = self.inode_cache[ino as usize % INODE_CACHE_SHARDS].lock();
         if s.len() >= self.inode_cache_shard_capacity {
             // Crude but bounded: drop the shard; parsed inodes are cheap to rebuild
             // from the buffer cache, which keeps their table blocks.
             s.clear();
         }
         s.insert(ino, inode.clone());
-        Ok(inode)
+        inode
     }
 
-    fn read_inode_from_table(&self, ino: u32) -> Result<Inode> {
+    /// Parses an inode from its table block and caches it while still holding the
+    /// block's read lock, so a concurrent write_inode (which needs the write lock)
+    /// cannot have its newer copy replaced by this older one.
+    fn read_inode_from_table(&self, ino: u32) -> Result<Arc<Inode>> {
         let group = (ino - 1) / self.geo.inodes_per_group;
         let index = (ino - 1) % self.geo.inodes_per_group;
         let gd = self.groups[group as usize].read().clone();
@@ -381,7 +405,7 @@ impl Filesystem {
         if self.geo.metadata_csum && self.geo.verify_checksums {
             inode.verify_checksum(ino, self.geo.csum_seed)?;
         }
-        Ok(inode)
+        Ok(self.cache_inode(ino, inode))
     }
 
     /// Per-inode checksum seed for its extent, directory and htree blocks.
@@ -426,4 +450,37 @@ pub fn group_has_superblock(sb: &Superblock, group: u32) -> bool {
         }
         n == group
     })
+}
+
+impl Filesystem {
+    /// Writes the superblock's counters and every dirty block, then flushes the device.
+    pub fn sync(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        {
+            let mut sb = self.sb.write();
+            sb.s_free_blocks_count = self.free_blocks();
+            sb.s_free_inodes_count = self.free_inodes() as u32;
+            sb.s_wtime =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let bytes = sb.to_bytes();
+            let bs = self.geo.block_size as u64;
+            let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
+            let buf = self.cache.get(block)?;
+            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+            self.cache.mark_dirty(&buf);
+        }
+        self.cache.flush()
+    }
+}
+
+impl Drop for Filesystem {
+    fn drop(&mut self) {
+        if !self.read_only {
+            if let Err(e) = self.sync() {
+                eprintln!("uext4: writing back on close failed: {e}");
+            }
+        }
+    }
 }

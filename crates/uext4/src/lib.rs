@@ -6,6 +6,7 @@
 //! the `dev` block-device layer; and `format`, the pure dictionary of on-disk
 //! structures. `fs` holds the `Filesystem` they all extend.
 
+pub mod alloc;
 pub mod cache;
 pub mod dev;
 pub mod dir;
@@ -18,6 +19,7 @@ pub mod fs;
 pub mod fuzzing;
 pub mod inline;
 pub mod journal;
+pub mod locks;
 pub mod mkfs;
 pub mod ns;
 pub mod xattr;

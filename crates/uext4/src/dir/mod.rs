@@ -18,6 +18,8 @@ use crate::format::inode::{Inode, EXT4_INDEX_FL, EXT4_INLINE_DATA_FL};
 use crate::fs::Filesystem;
 use std::sync::Arc;
 
+pub mod entries;
+
 /// One name in a directory, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntryOwned {
@@ -30,7 +32,7 @@ pub struct DirEntryOwned {
 const DX_ROOT_COUNTLIMIT_OFFSET: usize = DX_ROOT_INFO_OFFSET + 8;
 
 impl Filesystem {
-    fn require_dir(&self, ino: u32) -> Result<Arc<Inode>> {
+    pub(crate) fn require_dir(&self, ino: u32) -> Result<Arc<Inode>> {
         let inode = self.inode(ino)?;
         if !inode.is_dir() {
             return Err(Error::Invalid(format!("inode {ino} is not a directory")));
@@ -38,12 +40,12 @@ impl Filesystem {
         Ok(inode)
     }
 
-    fn is_indexed(&self, inode: &Inode) -> bool {
+    pub(crate) fn is_indexed(&self, inode: &Inode) -> bool {
         self.geo.has_dir_index && inode.has_flag(EXT4_INDEX_FL) && !inode.has_flag(EXT4_INLINE_DATA_FL)
     }
 
     /// Number of directory blocks; a directory's size is a whole number of blocks.
-    fn dir_blocks(&self, ino: u32, inode: &Inode) -> Result<u64> {
+    pub(crate) fn dir_blocks(&self, ino: u32, inode: &Inode) -> Result<u64> {
         let bs = self.geo.block_size as u64;
         if !inode.i_size.is_multiple_of(bs) {
             return Err(Error::corrupt(
@@ -65,7 +67,7 @@ impl Filesystem {
 
     /// Reads logical block `lblk` of directory `ino` through the cache, verifying
     /// it once as an index node or a leaf.
-    fn dir_block(&self, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<crate::cache::Buffer>> {
+    pub(crate) fn dir_block(&self, ino: u32, inode: &Inode, lblk: u64) -> Result<Arc<crate::cache::Buffer>> {
         let m = self.map_blocks(ino, inode, lblk, 1)?;
         let pblk = match m.kind {
             MapKind::Mapped(p) => p,

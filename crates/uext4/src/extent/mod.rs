@@ -12,6 +12,8 @@ use crate::format::extent::{self, ExtentNode};
 use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
 use crate::fs::Filesystem;
 
+pub mod write;
+
 /// Logical blocks are 32-bit in ext4.
 pub const MAX_LBLK: u64 = 1 << 32;
 

@@ -1,6 +1,7 @@
 //! The jbd2 journal. For now: finding the journal inode's blocks and replaying a
 //! journal that needs recovery into memory (read-only opens).
 
+pub mod handle;
 pub mod recovery;
 
 use crate::error::{Error, Result};

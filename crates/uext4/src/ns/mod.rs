@@ -4,6 +4,8 @@
 use crate::error::{Error, Result};
 use crate::format::inode::*;
 use crate::fs::Filesystem;
+
+pub mod change;
 use std::collections::HashSet;
 
 pub const ROOT_INO: u32 = 2;

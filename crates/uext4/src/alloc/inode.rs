@@ -1,0 +1,177 @@
+//! The inode allocator and its placement policy.
+//!
+//! Where a new inode goes is a policy (`InodePolicy`), kept apart from the bitmap
+//! work so that directory inode reservation and hash-derived goals can replace it.
+//! `MainlinePolicy` follows mainline ext4 in spirit: directories under the root are
+//! spread Orlov-style to groups with more free inodes and blocks than average and
+//! few directories; other directories and files stay near their parent.
+
+use crate::cache::Buffer;
+use crate::error::{Error, Result};
+use crate::format::bitmap;
+use crate::format::group_desc::{GroupDesc, EXT4_BG_INODE_UNINIT};
+use crate::format::inode::Inode;
+use crate::fs::Filesystem;
+use crate::journal::handle::Handle;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Chooses the order in which groups are tried for a new inode.
+pub trait InodePolicy: Send + Sync {
+    fn group_order(&self, fs: &Filesystem, parent: u32, is_dir: bool) -> Vec<u32>;
+}
+
+pub struct MainlinePolicy;
+
+impl InodePolicy for MainlinePolicy {
+    fn group_order(&self, fs: &Filesystem, parent: u32, is_dir: bool) -> Vec<u32> {
+        let groups = fs.geo.group_count;
+        let parent_group = (parent - 1) / fs.geo.inodes_per_group;
+        let rotated = |first: u32| (0..groups).map(move |i| (first + i) % groups);
+        if !is_dir || parent != crate::ns::ROOT_INO {
+            return rotated(parent_group).collect();
+        }
+        // Orlov for top-level directories: among groups with at least average free
+        // inodes and blocks, the one with the fewest directories first.
+        let descs: Vec<GroupDesc> = fs.groups.iter().map(|g| g.read().clone()).collect();
+        let avg_inodes = descs.iter().map(|d| d.bg_free_inodes_count as u64).sum::<u64>() / groups as u64;
+        let avg_blocks = descs.iter().map(|d| d.bg_free_blocks_count as u64).sum::<u64>() / groups as u64;
+        let best = (0..groups)
+            .filter(|&g| {
+                let d = &descs[g as usize];
+                d.bg_free_inodes_count as u64 >= avg_inodes.max(1) && d.bg_free_blocks_count as u64 >= avg_blocks
+            })
+            .min_by_key(|&g| (descs[g as usize].bg_used_dirs_count, g))
+            .unwrap_or(parent_group);
+        rotated(best).collect()
+    }
+}
+
+impl Filesystem {
+    /// Group `g`'s inode bitmap; an INODE_UNINIT group's starts empty (with the bits
+    /// past inodes_per_group set) and loses the flag. The caller holds the group lock.
+    fn inode_bitmap(&self, tx: &mut Handle, g: u32, gd: &mut GroupDesc) -> Result<Arc<Buffer>> {
+        let blk = gd.bg_inode_bitmap;
+        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 {
+            let buf = self.cache.get_new(blk);
+            {
+                let mut b = buf.write();
+                for bit in self.geo.inodes_per_group as usize..self.geo.block_size * 8 {
+                    bitmap::set_bit(&mut b, bit);
+                }
+            }
+            gd.bg_flags &= !EXT4_BG_INODE_UNINIT;
+            tx.dirty(&buf);
+            return Ok(buf);
+        }
+        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
+        let (seed, ds, bits) = (self.geo.csum_seed, self.geo.desc_size, self.geo.inodes_per_group);
+        let stored = gd.bg_inode_bitmap_csum;
+        self.cache.get_verified(blk, |b| {
+            if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
+                return Err(Error::corrupt(
+                    "inode bitmap checksum does not match",
+                    format!("group {g} bitmap block {blk}"),
+                ));
+            }
+            Ok(())
+        })
+    }
+
+    /// Allocates an inode number for a new inode under `parent`.
+    pub fn alloc_inode(&self, tx: &mut Handle, parent: u32, is_dir: bool) -> Result<u32> {
+        if self.alloc.free_inodes.load(Ordering::Relaxed) == 0 {
+            return Err(Error::NoSpace("no free inodes".into()));
+        }
+        let first_ino = self.sb.read().first_ino();
+        for g in self.alloc.policy.group_order(self, parent, is_dir) {
+            let mut gd_lock = self.groups[g as usize].write();
+            if gd_lock.bg_free_inodes_count == 0 {
+                continue;
+            }
+            let mut gd = gd_lock.clone();
+            let buf = self.inode_bitmap(tx, g, &mut gd)?;
+            let ipg = self.geo.inodes_per_group as usize;
+            let index = {
+                let mut b = buf.write();
+                let hint = (self.alloc.inode_hint[g as usize].load(Ordering::Relaxed) as usize).min(ipg);
+                // Reserved inodes (below s_first_ino) are never handed out.
+                let usable = |i: usize| g as usize * ipg + i + 1 >= first_ino as usize;
+                let free = |i: &usize| !bitmap::test_bit(&b, *i) && usable(*i);
+                let Some(i) = (hint..ipg).find(free).or_else(|| (0..hint).find(free)) else {
+                    continue;
+                };
+                bitmap::set_bit(&mut b, i);
+                if self.geo.metadata_csum {
+                    gd.bg_inode_bitmap_csum = bitmap::checksum(&b, self.geo.inodes_per_group, self.geo.csum_seed);
+                }
+                i
+            };
+            tx.dirty(&buf);
+            gd.bg_free_inodes_count -= 1;
+            if is_dir {
+                gd.bg_used_dirs_count += 1;
+            }
+            // Inodes past ipg - itable_unused have never been used; keep that true.
+            let first_unused = ipg as u32 - gd.bg_itable_unused;
+            if index as u32 >= first_unused {
+                gd.bg_itable_unused = ipg as u32 - index as u32 - 1;
+            }
+            self.write_group_desc(tx, g, &gd)?;
+            *gd_lock = gd;
+            self.alloc.inode_hint[g as usize].store(index as u32 + 1, Ordering::Relaxed);
+            self.alloc.free_inodes.fetch_sub(1, Ordering::Relaxed);
+            return Ok(g * self.geo.inodes_per_group + index as u32 + 1);
+        }
+        Err(Error::NoSpace("no group has a free inode".into()))
+    }
+
+    pub fn free_inode(&self, tx: &mut Handle, ino: u32, was_dir: bool) -> Result<()> {
+        let g = (ino - 1) / self.geo.inodes_per_group;
+        let index = ((ino - 1) % self.geo.inodes_per_group) as usize;
+        let mut gd_lock = self.groups[g as usize].write();
+        let mut gd = gd_lock.clone();
+        let buf = self.inode_bitmap(tx, g, &mut gd)?;
+        {
+            let mut b = buf.write();
+            if !bitmap::test_bit(&b, index) {
+                return Err(Error::corrupt(
+                    format!("freeing inode {ino}, which is already free"),
+                    format!("group {g}"),
+                ));
+            }
+            bitmap::clear_bit(&mut b, index);
+            if self.geo.metadata_csum {
+                gd.bg_inode_bitmap_csum = bitmap::checksum(&b, self.geo.inodes_per_group, self.geo.csum_seed);
+            }
+        }
+        tx.dirty(&buf);
+        gd.bg_free_inodes_count += 1;
+        if was_dir {
+            gd.bg_used_dirs_count = gd.bg_used_dirs_count.saturating_sub(1);
+        }
+        self.write_group_desc(tx, g, &gd)?;
+        *gd_lock = gd;
+        let hint = &self.alloc.inode_hint[g as usize];
+        hint.fetch_min(index as u32, Ordering::Relaxed);
+        self.alloc.free_inodes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `inode` to its slot in the inode table and makes it the cached copy.
+    pub fn write_inode(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
+        let group = (ino - 1) / self.geo.inodes_per_group;
+        let index = (ino - 1) % self.geo.inodes_per_group;
+        let table = self.groups[group as usize].read().bg_inode_table;
+        let byte = index as u64 * self.geo.inode_size as u64;
+        let block = table + byte / self.geo.block_size as u64;
+        let off = (byte % self.geo.block_size as u64) as usize;
+        let seed = if self.geo.metadata_csum { Some(self.geo.csum_seed) } else { None };
+        let raw = inode.to_bytes(ino, seed);
+        let buf = self.cache.get(block)?;
+        buf.write()[off..off + raw.len()].copy_from_slice(&raw);
+        tx.dirty(&buf);
+        self.cache_inode(ino, Inode::parse(&raw)?);
+        Ok(())
+    }
+}

@@ -1,0 +1,150 @@
+//! Adding and removing names in linear directory blocks.
+//!
+//! An insert takes the first entry with room to spare after its own name (or an
+//! empty one), splitting it; when no block has room, a new block is appended. A
+//! removal merges the entry into the one before it in the same block, or empties it
+//! when it is first. Each changed block gets its checksum tail recomputed. The
+//! caller holds the directory's lock.
+
+use crate::error::{Error, Result};
+use crate::extent::MapKind;
+use crate::format::bytes::le32;
+use crate::format::dirent::{self, DirEntryIter, DIRENT_TAIL_LEN};
+use crate::format::inode::{Inode, EXT4_INLINE_DATA_FL};
+use crate::fs::Filesystem;
+use crate::journal::handle::Handle;
+
+impl Filesystem {
+    fn tail_len(&self) -> usize {
+        if self.geo.metadata_csum {
+            DIRENT_TAIL_LEN
+        } else {
+            0
+        }
+    }
+
+    fn refuse_unsupported_dir(&self, inode: &Inode) -> Result<()> {
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Err(Error::unsupported("changing inline directories (not yet written)"));
+        }
+        if self.is_indexed(inode) {
+            return Err(Error::unsupported("changing hash-indexed directories (not yet written)"));
+        }
+        Ok(())
+    }
+
+    /// Adds `name` -> `ino` to directory `dir`; returns the directory inode as updated
+    /// (size and blocks change when a block is appended). The name must not exist.
+    pub(crate) fn add_entry(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        mut dir_inode: Inode,
+        name: &[u8],
+        ino: u32,
+        file_type: u8,
+    ) -> Result<Inode> {
+        self.refuse_unsupported_dir(&dir_inode)?;
+        let bs = self.geo.block_size;
+        let need = dirent::rec_len_for(name.len());
+        let seed = self.inode_seed(dir, &dir_inode);
+        let tail = self.tail_len();
+        let nblocks = self.dir_blocks(dir, &dir_inode)?;
+        for lblk in 0..nblocks {
+            let buf = self.dir_block(dir, &dir_inode, lblk)?;
+            let mut data = buf.write();
+            let location = format!("directory inode {dir} block {lblk}");
+            let mut slot = None;
+            for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location)
+            {
+                let e = e?;
+                let used = if e.inode == 0 { 0 } else { dirent::rec_len_for(e.name.len()) };
+                if e.rec_len - used >= need {
+                    slot = Some((e.offset, e.rec_len, used));
+                    break;
+                }
+            }
+            let Some((off, rec_len, used)) = slot else { continue };
+            if used > 0 {
+                // Shrink the existing entry to its own size and put ours after it.
+                data[off + 4..off + 6].copy_from_slice(&dirent::rec_len_to_disk(used, bs).to_le_bytes());
+            }
+            dirent::write_entry(&mut data, off + used, ino, rec_len - used, file_type, name, bs);
+            if self.geo.metadata_csum {
+                dirent::set_tail(&mut data, seed);
+            }
+            drop(data);
+            tx.dirty(&buf);
+            return Ok(dir_inode);
+        }
+        // No room anywhere: append a block holding just this entry.
+        let (pblk, _) = self.alloc_blocks(tx, self.dir_goal(dir, &dir_inode, nblocks)?, 1)?;
+        let buf = self.cache.get_new(pblk);
+        {
+            let mut data = buf.write();
+            dirent::write_entry(&mut data, 0, ino, bs - tail, file_type, name, bs);
+            if self.geo.metadata_csum {
+                dirent::set_tail(&mut data, seed);
+            }
+        }
+        tx.dirty(&buf);
+        self.extent_append(tx, dir, &mut dir_inode, nblocks, pblk, 1)?;
+        dir_inode.i_size += bs as u64;
+        Ok(dir_inode)
+    }
+
+    /// Where a directory's next block should go: right after its last one.
+    fn dir_goal(&self, dir: u32, inode: &Inode, nblocks: u64) -> Result<u64> {
+        if nblocks > 0 {
+            if let MapKind::Mapped(p) = self.map_blocks(dir, inode, nblocks - 1, 1)?.kind {
+                return Ok(p + 1);
+            }
+        }
+        Ok(self.inode_goal(dir))
+    }
+
+    /// The first block of an inode's group: the goal for a file's first data.
+    pub(crate) fn inode_goal(&self, ino: u32) -> u64 {
+        self.group_first_block((ino - 1) / self.geo.inodes_per_group)
+    }
+
+    /// Removes `name` from `dir`; returns the inode it named.
+    pub(crate) fn remove_entry(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u32> {
+        self.refuse_unsupported_dir(dir_inode)?;
+        let bs = self.geo.block_size;
+        let seed = self.inode_seed(dir, dir_inode);
+        let tail = self.tail_len();
+        for lblk in 0..self.dir_blocks(dir, dir_inode)? {
+            let buf = self.dir_block(dir, dir_inode, lblk)?;
+            let mut data = buf.write();
+            let location = format!("directory inode {dir} block {lblk}");
+            let mut prev: Option<(usize, usize)> = None;
+            let mut found = None;
+            for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location)
+            {
+                let e = e?;
+                if e.inode != 0 && e.name == name {
+                    found = Some((e.offset, e.rec_len, e.inode, prev));
+                    break;
+                }
+                prev = Some((e.offset, e.rec_len));
+            }
+            let Some((off, rec_len, ino, prev)) = found else { continue };
+            match prev {
+                Some((poff, prec)) => {
+                    let merged = dirent::rec_len_to_disk(prec + rec_len, bs);
+                    data[poff + 4..poff + 6].copy_from_slice(&merged.to_le_bytes());
+                }
+                None => data[off..off + 4].copy_from_slice(&0u32.to_le_bytes()),
+            }
+            debug_assert_eq!(le32(&data, off), if prev.is_none() { 0 } else { ino });
+            if self.geo.metadata_csum {
+                dirent::set_tail(&mut data, seed);
+            }
+            drop(data);
+            tx.dirty(&buf);
+            return Ok(ino);
+        }
+        Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()))
+    }
+}

@@ -1,0 +1,327 @@
+//! Changing the namespace: create, mkdir, symlink, link, unlink, rmdir, and writing
+//! file data — the inode-level API a FUSE low-level frontend calls.
+//!
+//! Locks, in DESIGN.md's order: the parent directory's name lock, then the inode
+//! locks of every inode changed, in ascending inode number. Every change runs in
+//! one transaction handle. Directories here are linear (indexed and inline
+//! directories are refused with `Unsupported` until their writers exist).
+
+use crate::error::{Error, Result};
+use crate::extent::MapKind;
+use crate::format::dirent::{self, file_type_from_mode, EXT4_FT_DIR};
+use crate::format::inode::*;
+use crate::fs::Filesystem;
+use crate::journal::handle::Handle;
+use crate::ns::Stat;
+
+/// More links than this and a directory's count is parked at 1 (dir_nlink).
+const EXT4_LINK_MAX: u16 = 65000;
+
+fn now() -> Timestamp {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(Error::Invalid(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
+    }
+    if name.len() > dirent::EXT4_NAME_LEN {
+        return Err(Error::Invalid(format!("name of {} bytes is longer than 255", name.len())));
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::Invalid("a name may not contain '/' or NUL".into()));
+    }
+    Ok(())
+}
+
+/// Owner and permission bits for a new inode.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Filesystem {
+    fn new_inode(&self, mode: u16, owner: Owner) -> Inode {
+        let extra = if self.geo.inode_size > 128 { 32 } else { 0 };
+        let mut i = Inode::new(self.geo.inode_size, extra);
+        let t = now();
+        i.i_mode = mode;
+        i.i_uid = owner.uid;
+        i.i_gid = owner.gid;
+        (i.i_atime, i.i_ctime, i.i_mtime) = (t, t, t);
+        if extra > 0 {
+            i.i_crtime = Some(t);
+        }
+        i.i_generation = (t.nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(2_654_435_761);
+        i.i_block = Self::empty_extent_root();
+        i.i_flags = EXT4_EXTENTS_FL;
+        i
+    }
+
+    fn touch_dir(inode: &mut Inode) {
+        let t = now();
+        inode.i_mtime = t;
+        inode.i_ctime = t;
+    }
+
+    /// Creates a name in `parent` for a new inode built by `init` (which may allocate
+    /// blocks); returns the new inode's attributes.
+    fn create_node(
+        &self,
+        parent: u32,
+        name: &[u8],
+        mode: u16,
+        owner: Owner,
+        init: &dyn Fn(&Self, &mut Handle, u32, &mut Inode) -> Result<()>,
+    ) -> Result<Stat> {
+        check_name(name)?;
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        let _name_lock = self.dir_locks.lock(parent as u64);
+        let parent_inode = self.require_dir(parent)?;
+        if self.lookup(parent, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let mut tx = self.begin(8)?;
+        let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
+        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let mut inode = self.new_inode(mode, owner);
+        init(self, &mut tx, ino, &mut inode)?;
+        self.write_inode(&mut tx, ino, &inode)?;
+        let mut dir = self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(mode))?;
+        Self::touch_dir(&mut dir);
+        if is_dir {
+            dir.i_links_count = if dir.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { dir.i_links_count + 1 };
+        }
+        self.write_inode(&mut tx, parent, &dir)?;
+        tx.finish()?;
+        self.stat(ino)
+    }
+
+    /// Creates an empty regular file.
+    pub fn create(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
+        self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, &|_, _, _, i| {
+            i.i_links_count = 1;
+            Ok(())
+        })
+    }
+
+    /// Creates a fifo, socket or device node; `rdev` is (major, minor).
+    pub fn mknod(&self, parent: u32, name: &[u8], mode: u16, rdev: (u32, u32), owner: Owner) -> Result<Stat> {
+        let kind = mode & S_IFMT;
+        if ![S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK].contains(&kind) {
+            return Err(Error::Invalid(format!("mknod of mode {mode:#o}")));
+        }
+        self.create_node(parent, name, mode, owner, &|_, _, _, i| {
+            i.i_links_count = 1;
+            // Device numbers live in i_block, not in an extent root.
+            i.i_flags = 0;
+            i.i_block = [0; 60];
+            let (major, minor) = rdev;
+            let new = (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12);
+            if major < 256 && minor < 256 {
+                i.i_block[..4].copy_from_slice(&((major << 8) | minor).to_le_bytes());
+            } else {
+                i.i_block[4..8].copy_from_slice(&new.to_le_bytes());
+            }
+            Ok(())
+        })
+    }
+
+    pub fn mkdir(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
+        self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, &|fs, tx, ino, i| {
+            i.i_links_count = 2;
+            let bs = fs.geo.block_size;
+            let (blk, _) = fs.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            let buf = fs.cache.get_new(blk);
+            {
+                let mut data = buf.write();
+                let tail = if fs.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
+                dirent::write_entry(&mut data, 0, ino, 12, EXT4_FT_DIR, b".", bs);
+                dirent::write_entry(&mut data, 12, parent, bs - 12 - tail, EXT4_FT_DIR, b"..", bs);
+                if fs.geo.metadata_csum {
+                    dirent::set_tail(&mut data, fs.inode_seed(ino, i));
+                }
+            }
+            tx.dirty(&buf);
+            fs.extent_append(tx, ino, i, 0, blk, 1)?;
+            i.i_size = bs as u64;
+            Ok(())
+        })
+    }
+
+    /// A symlink: the target in i_block when shorter than 60 bytes, else in a block.
+    pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], owner: Owner) -> Result<Stat> {
+        if target.is_empty() || target.len() >= self.geo.block_size {
+            return Err(Error::Invalid(format!("symlink target of {} bytes", target.len())));
+        }
+        self.create_node(parent, name, S_IFLNK | 0o777, owner, &|fs, tx, ino, i| {
+            i.i_links_count = 1;
+            i.i_size = target.len() as u64;
+            if target.len() < 60 {
+                i.i_flags = 0;
+                i.i_block = [0; 60];
+                i.i_block[..target.len()].copy_from_slice(target);
+                return Ok(());
+            }
+            let (blk, _) = fs.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            let mut data = vec![0u8; fs.geo.block_size];
+            data[..target.len()].copy_from_slice(target);
+            fs.cache.device().write_at(blk * fs.geo.block_size as u64, &data)?;
+            fs.extent_append(tx, ino, i, 0, blk, 1)
+        })
+    }
+
+    /// A new name for an existing non-directory inode.
+    pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Stat> {
+        check_name(name)?;
+        let _name_lock = self.dir_locks.lock(parent as u64);
+        let parent_inode = self.require_dir(parent)?;
+        if self.lookup(parent, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let mut inode = (*self.inode(ino)?).clone();
+        if inode.is_dir() {
+            return Err(Error::Invalid("hard links to directories are not allowed".into()));
+        }
+        if inode.i_links_count >= EXT4_LINK_MAX {
+            return Err(Error::Invalid(format!("inode {ino} already has {} links", inode.i_links_count)));
+        }
+        let mut tx = self.begin(6)?;
+        let mut dir =
+            self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(inode.i_mode))?;
+        Self::touch_dir(&mut dir);
+        self.write_inode(&mut tx, parent, &dir)?;
+        inode.i_links_count += 1;
+        inode.i_ctime = now();
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()?;
+        self.stat(ino)
+    }
+
+    /// Removes a name of a non-directory; the inode is freed with its last link.
+    pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<()> {
+        self.remove_name(parent, name, false)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<()> {
+        self.remove_name(parent, name, true)
+    }
+
+    fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
+        if name == b"." || name == b".." {
+            return Err(Error::Invalid(format!("cannot remove '{}'", String::from_utf8_lossy(name))));
+        }
+        let _name_lock = self.dir_locks.lock(parent as u64);
+        let parent_inode = self.require_dir(parent)?;
+        let shown = || String::from_utf8_lossy(name).into_owned();
+        let ino = self.lookup(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let mut inode = (*self.inode(ino)?).clone();
+        match (want_dir, inode.is_dir()) {
+            (true, false) => return Err(Error::Invalid(format!("{}: not a directory", shown()))),
+            (false, true) => return Err(Error::Invalid(format!("{}: is a directory (use rmdir)", shown()))),
+            _ => {}
+        }
+        if want_dir && self.read_dir(ino)?.iter().any(|e| e.name != b"." && e.name != b"..") {
+            return Err(Error::NotEmpty(shown()));
+        }
+        let mut tx = self.begin(10)?;
+        self.remove_entry(&mut tx, parent, &parent_inode, name)?;
+        let mut dir = (*self.inode(parent)?).clone();
+        Self::touch_dir(&mut dir);
+        if want_dir && dir.i_links_count > 2 {
+            dir.i_links_count -= 1;
+        }
+        self.write_inode(&mut tx, parent, &dir)?;
+        inode.i_ctime = now();
+        inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
+        if inode.i_links_count == 0 {
+            self.release_inode(&mut tx, ino, &mut inode)?;
+        }
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()
+    }
+
+    /// Frees an unlinked inode's blocks and its number.
+    fn release_inode(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
+        if inode.has_flag(EXT4_EXTENTS_FL) {
+            self.free_all_extents(tx, ino, inode)?;
+        } else if !(inode.is_symlink() || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK)) {
+            return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
+        }
+        if inode.i_file_acl != 0 {
+            return Err(Error::unsupported(format!("freeing inode {ino} with an xattr block (not yet written)")));
+        }
+        inode.i_dtime = now().sec as u32;
+        inode.i_size = 0;
+        self.free_inode(tx, ino, inode.is_dir())
+    }
+
+    /// Writes `data` at `offset`. Blocks already mapped are overwritten in place;
+    /// new blocks may only be added at or past the end of the mapping (writing into
+    /// a hole inside the file is not written yet).
+    pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
+        let _lock = self.inode_locks.lock(ino as u64);
+        let mut inode = (*self.inode(ino)?).clone();
+        if !inode.is_reg() {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Err(Error::unsupported("writing inline files (not yet written)"));
+        }
+        let bs = self.geo.block_size as u64;
+        let mut tx = self.begin(16)?;
+        let dev = self.cache.device().clone();
+        let mut done = 0usize;
+        while done < data.len() {
+            let pos = offset + done as u64;
+            let lblk = pos / bs;
+            let in_block = (pos % bs) as usize;
+            let n = (bs as usize - in_block).min(data.len() - done);
+            let pblk = match self.map_blocks(ino, &inode, lblk, 1)?.kind {
+                MapKind::Mapped(p) => p,
+                MapKind::Unwritten(_) => {
+                    return Err(Error::unsupported("writing into unwritten extents (not yet written)"))
+                }
+                MapKind::Hole => {
+                    let mapped_end = self.extent_end(ino, &inode)?;
+                    if lblk < mapped_end {
+                        return Err(Error::unsupported("writing into a hole inside a file (not yet written)"));
+                    }
+                    let goal = if mapped_end > 0 {
+                        match self.map_blocks(ino, &inode, mapped_end - 1, 1)?.kind {
+                            MapKind::Mapped(p) => p + 1 + (lblk - mapped_end),
+                            _ => self.inode_goal(ino),
+                        }
+                    } else {
+                        self.inode_goal(ino)
+                    };
+                    let (p, _) = self.alloc_blocks(&mut tx, goal, 1)?;
+                    // A fresh block: zero what this write does not cover.
+                    if n < bs as usize {
+                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
+                    }
+                    self.extent_append(&mut tx, ino, &mut inode, lblk, p, 1)?;
+                    p
+                }
+            };
+            // File data goes straight to the device, before the metadata that maps it.
+            dev.write_at(pblk * bs + in_block as u64, &data[done..done + n])?;
+            done += n;
+        }
+        let end = offset + data.len() as u64;
+        if end > inode.i_size {
+            inode.i_size = end;
+        }
+        let t = now();
+        inode.i_mtime = t;
+        inode.i_ctime = t;
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()?;
+        Ok(data.len())
+    }
+}
