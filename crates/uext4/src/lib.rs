@@ -26,4 +26,5 @@ pub mod xattr;
 
 pub use error::{Error, Result};
 pub use fs::{Filesystem, Options};
+pub use ns::change::{Owner, SetAttr};
 pub use ns::{FileType, Stat, ROOT_INO};

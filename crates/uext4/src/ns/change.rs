@@ -325,3 +325,60 @@ impl Filesystem {
         Ok(data.len())
     }
 }
+
+/// Attribute changes for `setattr`; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    /// Permission bits (mode & 0o7777).
+    pub perm: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    /// Set explicitly; otherwise any change sets ctime to now, as the kernel does.
+    pub ctime: Option<Timestamp>,
+}
+
+impl Filesystem {
+    /// Changes mode, owner, size or times. Shrinking a file is supported to size 0
+    /// for now; growing only moves i_size (the new range reads as a hole).
+    pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
+        let _lock = self.inode_locks.lock(ino as u64);
+        let mut inode = (*self.inode(ino)?).clone();
+        let mut tx = self.begin(8)?;
+        if let Some(p) = attr.perm {
+            inode.i_mode = (inode.i_mode & S_IFMT) | (p & 0o7777);
+        }
+        if let Some(u) = attr.uid {
+            inode.i_uid = u;
+        }
+        if let Some(g) = attr.gid {
+            inode.i_gid = g;
+        }
+        if let Some(size) = attr.size {
+            if !inode.is_reg() {
+                return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+            }
+            if size < inode.i_size {
+                if size != 0 {
+                    return Err(Error::unsupported("truncating to a size other than 0 (not yet written)"));
+                }
+                self.free_all_extents(&mut tx, ino, &mut inode)?;
+            }
+            inode.i_size = size;
+            let t = now();
+            inode.i_mtime = t;
+        }
+        if let Some(t) = attr.atime {
+            inode.i_atime = t;
+        }
+        if let Some(t) = attr.mtime {
+            inode.i_mtime = t;
+        }
+        inode.i_ctime = attr.ctime.unwrap_or_else(now);
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()?;
+        self.stat(ino)
+    }
+}
