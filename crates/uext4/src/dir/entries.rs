@@ -1,4 +1,5 @@
-//! Adding and removing names in linear directory blocks.
+//! Adding and removing names in directory blocks (indexed directories route
+//! through `index.rs` to the one leaf a name belongs in).
 //!
 //! An insert takes the first entry with room to spare after its own name (or an
 //! empty one), splitting it; when no block has room, a new block is appended. A
@@ -23,18 +24,8 @@ impl Filesystem {
         }
     }
 
-    fn refuse_unsupported_dir(&self, inode: &Inode) -> Result<()> {
-        if inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Err(Error::unsupported("changing inline directories (not yet written)"));
-        }
-        if self.is_indexed(inode) {
-            return Err(Error::unsupported("changing hash-indexed directories (not yet written)"));
-        }
-        Ok(())
-    }
-
     /// Adds `name` -> `ino` to directory `dir`; returns the directory inode as updated
-    /// (size and blocks change when a block is appended). The name must not exist.
+    /// (flags, size and blocks change when it grows). The name must not exist.
     pub(crate) fn add_entry(
         &self,
         tx: &mut Handle,
@@ -44,53 +35,93 @@ impl Filesystem {
         ino: u32,
         file_type: u8,
     ) -> Result<Inode> {
-        self.refuse_unsupported_dir(&dir_inode)?;
-        let bs = self.geo.block_size;
-        let need = dirent::rec_len_for(name.len());
-        let seed = self.inode_seed(dir, &dir_inode);
-        let tail = self.tail_len();
+        if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Err(Error::unsupported("changing inline directories (not yet written)"));
+        }
+        if self.is_indexed(&dir_inode) {
+            return self.dx_add_entry(tx, dir, dir_inode, name, ino, file_type);
+        }
         let nblocks = self.dir_blocks(dir, &dir_inode)?;
         for lblk in 0..nblocks {
-            let buf = self.dir_block(dir, &dir_inode, lblk)?;
-            let mut data = buf.write();
-            let location = format!("directory inode {dir} block {lblk}");
-            let mut slot = None;
-            for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location)
-            {
-                let e = e?;
-                let used = if e.inode == 0 { 0 } else { dirent::rec_len_for(e.name.len()) };
-                if e.rec_len - used >= need {
-                    slot = Some((e.offset, e.rec_len, used));
-                    break;
-                }
+            if self.insert_in_block(tx, dir, &dir_inode, lblk, name, ino, file_type)? {
+                return Ok(dir_inode);
             }
-            let Some((off, rec_len, used)) = slot else { continue };
-            if used > 0 {
-                // Shrink the existing entry to its own size and put ours after it.
-                data[off + 4..off + 6].copy_from_slice(&dirent::rec_len_to_disk(used, bs).to_le_bytes());
-            }
-            dirent::write_entry(&mut data, off + used, ino, rec_len - used, file_type, name, bs);
-            if self.geo.metadata_csum {
-                dirent::set_tail(&mut data, seed);
-            }
-            drop(data);
-            tx.dirty(&buf);
-            return Ok(dir_inode);
         }
-        // No room anywhere: append a block holding just this entry.
-        let (pblk, _) = self.alloc_blocks(tx, self.dir_goal(dir, &dir_inode, nblocks)?, 1)?;
+        // As the kernel does: a one-block directory that fills up becomes indexed.
+        if nblocks == 1 && self.geo.has_dir_index {
+            self.make_indexed(tx, dir, &mut dir_inode)?;
+            return self.dx_add_entry(tx, dir, dir_inode, name, ino, file_type);
+        }
+        let (lblk, _) = self.append_dir_block(tx, dir, &mut dir_inode)?;
+        if !self.insert_in_block(tx, dir, &dir_inode, lblk, name, ino, file_type)? {
+            return Err(Error::corrupt("a new directory block has no room", format!("directory inode {dir}")));
+        }
+        Ok(dir_inode)
+    }
+
+    /// Puts the entry into block `lblk` if some entry there has room to spare.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert_in_block(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        dir_inode: &Inode,
+        lblk: u64,
+        name: &[u8],
+        ino: u32,
+        file_type: u8,
+    ) -> Result<bool> {
+        let bs = self.geo.block_size;
+        let need = dirent::rec_len_for(name.len());
+        let tail = self.tail_len();
+        let buf = self.dir_block(dir, dir_inode, lblk)?;
+        let mut data = buf.write();
+        let location = format!("directory inode {dir} block {lblk}");
+        let mut slot = None;
+        for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location) {
+            let e = e?;
+            let used = if e.inode == 0 { 0 } else { dirent::rec_len_for(e.name.len()) };
+            if e.rec_len - used >= need {
+                slot = Some((e.offset, e.rec_len, used));
+                break;
+            }
+        }
+        let Some((off, rec_len, used)) = slot else { return Ok(false) };
+        if used > 0 {
+            // Shrink the existing entry to its own size and put ours after it.
+            data[off + 4..off + 6].copy_from_slice(&dirent::rec_len_to_disk(used, bs).to_le_bytes());
+        }
+        dirent::write_entry(&mut data, off + used, ino, rec_len - used, file_type, name, bs);
+        if self.geo.metadata_csum {
+            dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
+        }
+        drop(data);
+        tx.dirty(&buf);
+        Ok(true)
+    }
+
+    /// Appends an empty leaf block to the directory; returns its logical number and buffer.
+    pub(crate) fn append_dir_block(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        dir_inode: &mut Inode,
+    ) -> Result<(u64, std::sync::Arc<crate::cache::Buffer>)> {
+        let bs = self.geo.block_size;
+        let nblocks = self.dir_blocks(dir, dir_inode)?;
+        let (pblk, _) = self.alloc_blocks(tx, self.dir_goal(dir, dir_inode, nblocks)?, 1)?;
         let buf = self.cache.get_new(pblk);
         {
             let mut data = buf.write();
-            dirent::write_entry(&mut data, 0, ino, bs - tail, file_type, name, bs);
+            dirent::write_entry(&mut data, 0, 0, bs - self.tail_len(), 0, b"", bs);
             if self.geo.metadata_csum {
-                dirent::set_tail(&mut data, seed);
+                dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
             }
         }
         tx.dirty(&buf);
-        self.extent_append(tx, dir, &mut dir_inode, nblocks, pblk, 1)?;
+        self.extent_append(tx, dir, dir_inode, nblocks, pblk, 1)?;
         dir_inode.i_size += bs as u64;
-        Ok(dir_inode)
+        Ok((nblocks, buf))
     }
 
     /// Where a directory's next block should go: right after its last one.
@@ -110,11 +141,22 @@ impl Filesystem {
 
     /// Removes `name` from `dir`; returns the inode it named.
     pub(crate) fn remove_entry(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u32> {
-        self.refuse_unsupported_dir(dir_inode)?;
+        if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Err(Error::unsupported("changing inline directories (not yet written)"));
+        }
+        // An indexed directory names the one leaf to look in; a linear one, all blocks.
+        let blocks: Vec<u64> = if self.is_indexed(dir_inode) {
+            match self.htree_lookup(dir, dir_inode, name)? {
+                Some((_, leaf)) => vec![leaf],
+                None => Vec::new(),
+            }
+        } else {
+            (0..self.dir_blocks(dir, dir_inode)?).collect()
+        };
         let bs = self.geo.block_size;
         let seed = self.inode_seed(dir, dir_inode);
         let tail = self.tail_len();
-        for lblk in 0..self.dir_blocks(dir, dir_inode)? {
+        for lblk in blocks {
             let buf = self.dir_block(dir, dir_inode, lblk)?;
             let mut data = buf.write();
             let location = format!("directory inode {dir} block {lblk}");

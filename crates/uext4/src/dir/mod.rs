@@ -19,6 +19,7 @@ use crate::fs::Filesystem;
 use std::sync::Arc;
 
 pub mod entries;
+pub mod index;
 
 /// One name in a directory, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +30,7 @@ pub struct DirEntryOwned {
 }
 
 /// Offset of the dx_root's count/limit: after the fake "." and ".." and the root info.
-const DX_ROOT_COUNTLIMIT_OFFSET: usize = DX_ROOT_INFO_OFFSET + 8;
+pub(crate) const DX_ROOT_COUNTLIMIT_OFFSET: usize = DX_ROOT_INFO_OFFSET + 8;
 
 impl Filesystem {
     pub(crate) fn require_dir(&self, ino: u32) -> Result<Arc<Inode>> {
@@ -157,7 +158,7 @@ impl Filesystem {
             return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| e.ino));
         }
         if self.is_indexed(&inode) {
-            return self.htree_lookup(dir, &inode, name);
+            return Ok(self.htree_lookup(dir, &inode, name)?.map(|(ino, _)| ino));
         }
         for lblk in 0..self.dir_blocks(dir, &inode)? {
             if let Some(ino) = self.search_block(dir, &inode, lblk, name)? {
@@ -182,12 +183,13 @@ impl Filesystem {
     }
 
     /// The hash version a directory uses: its root's, made unsigned by the superblock flag.
-    fn effective_hash_version(&self, root_version: u8) -> u8 {
+    pub(crate) fn effective_hash_version(&self, root_version: u8) -> u8 {
         let flags = if self.geo.unsigned_hash { crate::format::superblock::EXT2_FLAGS_UNSIGNED_HASH } else { 0 };
         hash::effective_hash_version(root_version, flags)
     }
 
-    fn htree_lookup(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<Option<u32>> {
+    /// Finds `name` through the index; returns its inode and the leaf block holding it.
+    pub(crate) fn htree_lookup(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<Option<(u32, u64)>> {
         let nblocks = self.dir_blocks(dir, inode)?;
         let loc = |lblk: u64| format!("htree of directory inode {dir} block {lblk}");
         let csum = self.geo.metadata_csum;
@@ -237,7 +239,7 @@ impl Filesystem {
                 return Err(Error::corrupt(format!("htree points at leaf {leaf} of {nblocks}"), loc(leaf)));
             }
             if let Some(ino) = self.search_block(dir, inode, leaf, name)? {
-                return Ok(Some(ino));
+                return Ok(Some((ino, leaf)));
             }
             visited += 1;
             if visited > nblocks {
