@@ -181,6 +181,7 @@ impl Filesystem {
                         ));
                     }
                     bitmap::clear_bit(&mut b, bit);
+                    self.cache.forget(blk);
                 }
                 if self.geo.metadata_csum {
                     gd.bg_block_bitmap_csum = bitmap::checksum(&b, self.geo.blocks_per_group, self.geo.csum_seed);

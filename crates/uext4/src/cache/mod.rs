@@ -178,6 +178,14 @@ impl BufferCache {
         }
     }
 
+    /// Drops a block that was freed: a dirty copy must never be written back over
+    /// whatever the block holds next (file data goes straight to the device).
+    pub fn forget(&self, block: u64) {
+        if let Some(b) = self.shard(block).lock().map.remove(&block) {
+            b.dirty.store(false, Ordering::Release);
+        }
+    }
+
     pub fn mark_dirty(&self, buf: &Buffer) {
         buf.dirty.store(true, Ordering::Release);
         // A block we wrote ourselves carries checksums we computed.
