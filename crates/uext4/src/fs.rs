@@ -100,6 +100,8 @@ pub struct Filesystem {
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
     pub(crate) alloc: crate::alloc::AllocState,
+    /// The rename lock (DESIGN.md level 1): only cross-directory renames take it.
+    pub(crate) rename_lock: Mutex<()>,
     /// Directory name locks (DESIGN.md level 2; one per directory until pdirops).
     pub(crate) dir_locks: crate::locks::LockTable,
     /// Inode locks (DESIGN.md level 3), by inode number.
@@ -244,6 +246,7 @@ impl Filesystem {
             sb: RwLock::new(sb),
             groups,
             alloc,
+            rename_lock: Mutex::new(()),
             dir_locks: crate::locks::LockTable::default(),
             inode_locks: crate::locks::LockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),

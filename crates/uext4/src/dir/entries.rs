@@ -190,3 +190,78 @@ impl Filesystem {
         Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()))
     }
 }
+
+impl Filesystem {
+    /// Points the existing entry `name` in `dir` at `ino` (with its file type), in place.
+    pub(crate) fn retarget_entry(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        dir_inode: &Inode,
+        name: &[u8],
+        ino: u32,
+        file_type: u8,
+    ) -> Result<()> {
+        if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Err(Error::unsupported("changing inline directories (not yet written)"));
+        }
+        let blocks: Vec<u64> = if self.is_indexed(dir_inode) {
+            self.htree_lookup(dir, dir_inode, name)?.map(|(_, leaf)| vec![leaf]).unwrap_or_default()
+        } else {
+            (0..self.dir_blocks(dir, dir_inode)?).collect()
+        };
+        let bs = self.geo.block_size;
+        let tail = self.tail_len();
+        for lblk in blocks {
+            let buf = self.dir_block(dir, dir_inode, lblk)?;
+            let mut data = buf.write();
+            let location = format!("directory inode {dir} block {lblk}");
+            let found =
+                DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location)
+                    .find_map(|e| match e {
+                        Ok(e) if e.inode != 0 && e.name == name => Some(Ok(e.offset)),
+                        Ok(_) => None,
+                        Err(err) => Some(Err(err)),
+                    })
+                    .transpose()?;
+            let Some(off) = found else { continue };
+            data[off..off + 4].copy_from_slice(&ino.to_le_bytes());
+            if self.geo.has_filetype {
+                data[off + 7] = file_type;
+            }
+            if self.geo.metadata_csum {
+                dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
+            }
+            drop(data);
+            tx.dirty(&buf);
+            return Ok(());
+        }
+        Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    /// Rewrites a directory's ".." to `parent` (block 0, offset 12, in linear and
+    /// indexed directories alike).
+    pub(crate) fn set_dotdot(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, parent: u32) -> Result<()> {
+        if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Err(Error::unsupported("changing inline directories (not yet written)"));
+        }
+        let buf = self.dir_block(dir, dir_inode, 0)?;
+        {
+            let mut data = buf.write();
+            if data[12 + 6] != 2 || &data[12 + 8..12 + 10] != b".." {
+                return Err(Error::corrupt("second entry of block 0 is not '..'", format!("directory inode {dir}")));
+            }
+            data[12..16].copy_from_slice(&parent.to_le_bytes());
+            if self.geo.metadata_csum {
+                let seed = self.inode_seed(dir, dir_inode);
+                if self.is_indexed(dir_inode) {
+                    crate::format::htree::set_checksum(&mut data, super::DX_ROOT_COUNTLIMIT_OFFSET, seed)?;
+                } else {
+                    dirent::set_tail(&mut data, seed);
+                }
+            }
+        }
+        tx.dirty(&buf);
+        Ok(())
+    }
+}

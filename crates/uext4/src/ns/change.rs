@@ -15,14 +15,14 @@ use crate::journal::handle::Handle;
 use crate::ns::Stat;
 
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
-const EXT4_LINK_MAX: u16 = 65000;
+pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
-fn now() -> Timestamp {
+pub(crate) fn now() -> Timestamp {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
 }
 
-fn check_name(name: &[u8]) -> Result<()> {
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
         return Err(Error::Invalid(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
     }
@@ -247,7 +247,7 @@ impl Filesystem {
     }
 
     /// Frees an unlinked inode's blocks and its number.
-    fn release_inode(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
+    pub(crate) fn release_inode(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
         if inode.has_flag(EXT4_EXTENTS_FL) {
             self.free_all_extents(tx, ino, inode)?;
         } else if !(inode.is_symlink() || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK)) {

@@ -6,6 +6,7 @@ use crate::format::inode::*;
 use crate::fs::Filesystem;
 
 pub mod change;
+pub mod rename;
 use std::collections::HashSet;
 
 pub const ROOT_INO: u32 = 2;

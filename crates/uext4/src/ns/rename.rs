@@ -1,0 +1,185 @@
+//! rename(2) with its flags: over a file, over an empty directory, across
+//! directories (moving ".." and the parents' link counts), RENAME_NOREPLACE and
+//! RENAME_EXCHANGE.
+//!
+//! Locks, in DESIGN.md's order: the filesystem-wide rename lock for a
+//! cross-directory rename (it keeps the ancestor check true until the move is
+//! done), both directories' name locks in inode order, then the inode locks of
+//! every inode involved in ascending order.
+
+use super::change::{check_name, now, EXT4_LINK_MAX};
+use crate::error::{Error, Result};
+use crate::format::dirent::file_type_from_mode;
+use crate::format::inode::Inode;
+use crate::fs::Filesystem;
+use crate::ns::ROOT_INO;
+
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+fn inc_links(i: &mut Inode) {
+    i.i_links_count =
+        if i.i_links_count == 1 || i.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { i.i_links_count + 1 };
+}
+
+fn dec_links(i: &mut Inode) {
+    // A count parked at 1 (dir_nlink) stays there.
+    if i.i_links_count > 2 {
+        i.i_links_count -= 1;
+    }
+}
+
+/// The parent directories being changed: one entry when both are the same.
+struct Parents(Vec<(u32, Inode)>);
+
+impl Parents {
+    fn get(&mut self, ino: u32) -> &mut Inode {
+        &mut self.0.iter_mut().find(|(i, _)| *i == ino).expect("a parent of this rename").1
+    }
+}
+
+impl Filesystem {
+    /// Is `dir` the directory `ancestor` or below it? Walks ".." up to the root.
+    fn is_within(&self, dir: u32, ancestor: u32) -> Result<bool> {
+        let mut at = dir;
+        for _ in 0..65536 {
+            if at == ancestor {
+                return Ok(true);
+            }
+            if at == ROOT_INO {
+                return Ok(false);
+            }
+            at = self
+                .lookup(at, b"..")?
+                .ok_or_else(|| Error::corrupt("directory has no '..'", format!("inode {at}")))?;
+        }
+        Err(Error::corrupt("'..' chain does not reach the root", format!("inode {dir}")))
+    }
+
+    pub fn rename(&self, src_dir: u32, src_name: &[u8], dst_dir: u32, dst_name: &[u8], flags: u32) -> Result<()> {
+        check_name(dst_name)?;
+        if src_name == b"." || src_name == b".." {
+            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
+        }
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+            return Err(Error::Invalid(format!("rename flags {flags:#x}")));
+        }
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        let cross = src_dir != dst_dir;
+        let _rename_lock = cross.then(|| self.rename_lock.lock());
+        let _name_locks = self.dir_locks.lock_many(&[src_dir as u64, dst_dir as u64]);
+        self.require_dir(src_dir)?;
+        self.require_dir(dst_dir)?;
+        let shown = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+        let src = self.lookup(src_dir, src_name)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
+        let dst = self.lookup(dst_dir, dst_name)?;
+        if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(Error::Exists(shown(dst_name)));
+        }
+        if exchange && dst.is_none() {
+            return Err(Error::NotFound(shown(dst_name)));
+        }
+        if dst == Some(src) {
+            // Two names of one inode: POSIX says rename does nothing.
+            return Ok(());
+        }
+        let src_is_dir = self.inode(src)?.is_dir();
+        let dst_is_dir = match dst {
+            Some(d) => self.inode(d)?.is_dir(),
+            None => false,
+        };
+        if cross && src_is_dir && self.is_within(dst_dir, src)? {
+            return Err(Error::Invalid(format!("cannot move directory {} into itself", shown(src_name))));
+        }
+        if cross && exchange && dst_is_dir && self.is_within(src_dir, dst.unwrap())? {
+            return Err(Error::Invalid(format!("cannot move directory {} into itself", shown(dst_name))));
+        }
+        if !exchange {
+            if let Some(d) = dst {
+                match (src_is_dir, dst_is_dir) {
+                    (false, true) => return Err(Error::Invalid(format!("{}: is a directory", shown(dst_name)))),
+                    (true, false) => return Err(Error::Invalid(format!("{}: not a directory", shown(dst_name)))),
+                    (true, true) if self.read_dir(d)?.iter().any(|e| e.name != b"." && e.name != b"..") => {
+                        return Err(Error::NotEmpty(shown(dst_name)));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut keys = vec![src_dir as u64, dst_dir as u64, src as u64];
+        keys.extend(dst.map(|d| d as u64));
+        let _inode_locks = self.inode_locks.lock_many(&keys);
+
+        let mut tx = self.begin(24)?;
+        let mut parents = Parents(vec![(src_dir, (*self.inode(src_dir)?).clone())]);
+        if cross {
+            parents.0.push((dst_dir, (*self.inode(dst_dir)?).clone()));
+        }
+        let mut src_inode = (*self.inode(src)?).clone();
+        let src_ft = file_type_from_mode(src_inode.i_mode);
+        let t = now();
+        let mut dst_inode = match dst {
+            Some(d) => Some((*self.inode(d)?).clone()),
+            None => None,
+        };
+
+        if exchange {
+            let d = dst.unwrap();
+            let d_inode = dst_inode.as_mut().unwrap();
+            let d_ft = file_type_from_mode(d_inode.i_mode);
+            self.retarget_entry(&mut tx, src_dir, &parents.get(src_dir).clone(), src_name, d, d_ft)?;
+            self.retarget_entry(&mut tx, dst_dir, &parents.get(dst_dir).clone(), dst_name, src, src_ft)?;
+            if cross {
+                if src_is_dir {
+                    self.set_dotdot(&mut tx, src, &src_inode, dst_dir)?;
+                }
+                if dst_is_dir {
+                    self.set_dotdot(&mut tx, d, d_inode, src_dir)?;
+                }
+                if src_is_dir != dst_is_dir {
+                    let (from, to) = if src_is_dir { (src_dir, dst_dir) } else { (dst_dir, src_dir) };
+                    dec_links(parents.get(from));
+                    inc_links(parents.get(to));
+                }
+            }
+            d_inode.i_ctime = t;
+        } else {
+            if let Some(d) = dst {
+                let parent = parents.get(dst_dir).clone();
+                self.retarget_entry(&mut tx, dst_dir, &parent, dst_name, src, src_ft)?;
+                let d_inode = dst_inode.as_mut().unwrap();
+                d_inode.i_ctime = t;
+                if dst_is_dir {
+                    d_inode.i_links_count = 0;
+                    dec_links(parents.get(dst_dir));
+                } else {
+                    d_inode.i_links_count = d_inode.i_links_count.saturating_sub(1);
+                }
+                if d_inode.i_links_count == 0 {
+                    self.release_inode(&mut tx, d, d_inode)?;
+                }
+            } else {
+                let parent = parents.get(dst_dir).clone();
+                *parents.get(dst_dir) = self.add_entry(&mut tx, dst_dir, parent, dst_name, src, src_ft)?;
+            }
+            let parent = parents.get(src_dir).clone();
+            self.remove_entry(&mut tx, src_dir, &parent, src_name)?;
+            if cross && src_is_dir {
+                self.set_dotdot(&mut tx, src, &src_inode, dst_dir)?;
+                dec_links(parents.get(src_dir));
+                inc_links(parents.get(dst_dir));
+            }
+        }
+        src_inode.i_ctime = t;
+        for (ino, inode) in parents.0.iter_mut() {
+            inode.i_mtime = t;
+            inode.i_ctime = t;
+            self.write_inode(&mut tx, *ino, inode)?;
+        }
+        self.write_inode(&mut tx, src, &src_inode)?;
+        if let (Some(d), Some(d_inode)) = (dst, dst_inode.as_ref()) {
+            self.write_inode(&mut tx, d, d_inode)?;
+        }
+        tx.finish()
+    }
+}
