@@ -100,6 +100,9 @@ pub struct Filesystem {
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
     pub(crate) alloc: crate::alloc::AllocState,
+    /// Inodes whose extent tree split a node since the last sync: sync packs their
+    /// trees again (see `extent::write`).
+    pub(crate) extent_compact: Mutex<std::collections::HashSet<u32>>,
     /// The rename lock (DESIGN.md level 1): only cross-directory renames take it.
     pub(crate) rename_lock: Mutex<()>,
     /// Directory name locks (DESIGN.md level 2; one per directory until pdirops).
@@ -246,6 +249,7 @@ impl Filesystem {
             sb: RwLock::new(sb),
             groups,
             alloc,
+            extent_compact: Mutex::new(std::collections::HashSet::new()),
             rename_lock: Mutex::new(()),
             dir_locks: crate::locks::LockTable::default(),
             inode_locks: crate::locks::LockTable::default(),
@@ -460,6 +464,18 @@ impl Filesystem {
     pub fn sync(&self) -> Result<()> {
         if self.read_only {
             return Ok(());
+        }
+        let to_compact: Vec<u32> = self.extent_compact.lock().drain().collect();
+        for ino in to_compact {
+            let _lock = self.inode_locks.lock(ino as u64);
+            let mut inode = (*self.inode(ino)?).clone();
+            if inode.i_links_count == 0 {
+                continue;
+            }
+            let mut tx = self.begin(16)?;
+            self.compact_extent_tree(&mut tx, ino, &mut inode)?;
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
         }
         {
             let mut sb = self.sb.write();

@@ -1,10 +1,11 @@
 //! Growing and freeing extent trees.
 //!
-//! Appending merges with the last extent when the new blocks continue it (up to the
-//! 32,768-block limit of an initialized extent), else adds an entry; a full root
-//! moves its entries into a new leaf block and becomes an index (depth 1), and a
-//! full leaf under such a root gets a sibling. Deeper growth is not written yet and
-//! is refused with `Unsupported` rather than done wrongly.
+//! Inserting an extent follows the path from the root to the leaf for its logical
+//! block; a new range merges with the extent before or after it when it continues
+//! it (up to 32,768 blocks), else goes in sorted. A full node splits in half and
+//! its upper half is indexed in the parent; a full root moves its entries into a new
+//! node and indexes it, adding a level (up to the kernel's limit of 5). Truncation
+//! collects the extents that remain and rebuilds the tree from them.
 
 use crate::error::{Error, Result};
 use crate::format::extent::{self as fext, Extent, ExtentHeader, ExtentIndex, ExtentNode, EXT4_EXT_MAGIC};
@@ -22,27 +23,6 @@ fn header(entries: usize, max: u16, depth: u16) -> ExtentHeader {
         eh_depth: depth,
         eh_generation: 0,
     }
-}
-
-/// Adds `new` at the end of a leaf's extents, merging when it continues the last one.
-/// Returns false when the leaf has no room.
-fn push_extent(extents: &mut Vec<Extent>, max: u16, new: Extent) -> bool {
-    if let Some(last) = extents.last_mut() {
-        if !last.unwritten
-            && !new.unwritten
-            && last.end() == new.ee_block as u64
-            && last.start + last.len as u64 == new.start
-            && last.len + new.len <= fext::EXT_INIT_MAX_LEN
-        {
-            last.len += new.len;
-            return true;
-        }
-    }
-    if extents.len() >= max as usize {
-        return false;
-    }
-    extents.push(new);
-    true
 }
 
 impl Filesystem {
@@ -70,8 +50,9 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Maps logical blocks [lblk, lblk + len) of `inode` to physical `pblk..` at the
-    /// end of the file's mapping; adds the data blocks (and any new tree block) to i_blocks.
+    /// Maps logical blocks [lblk, lblk + len) of `inode` to physical `pblk..` (an
+    /// unmapped range), merging with a neighbouring extent when it continues it, and
+    /// adds the data blocks (and any new tree blocks) to i_blocks.
     pub(crate) fn extent_append(
         &self,
         tx: &mut Handle,
@@ -84,96 +65,179 @@ impl Filesystem {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
             return Err(Error::unsupported(format!("writing block-mapped inode {ino}")));
         }
-        let new = Extent { ee_block: lblk as u32, len, unwritten: false, start: pblk };
-        let location = format!("extent tree of inode {ino}");
-        let per_block = fext::max_entries_in_block(self.geo.block_size);
-        match ExtentNode::parse(&inode.i_block, None, &location)? {
-            ExtentNode::Leaf(_, mut extents) => {
-                if !push_extent(&mut extents, ROOT_MAX, new) {
-                    // Root full: its extents move to a new leaf; the root indexes it.
-                    let (leaf_blk, _) = self.alloc_blocks(tx, pblk, 1)?;
-                    let first = extents[0].ee_block;
-                    push_extent(&mut extents, per_block, new);
-                    let leaf = ExtentNode::Leaf(header(extents.len(), per_block, 0), extents);
-                    self.write_leaf_block(tx, ino, inode, leaf_blk, &leaf)?;
-                    let root = ExtentNode::Index(
-                        header(1, ROOT_MAX, 1),
-                        vec![ExtentIndex { ei_block: first, leaf: leaf_blk }],
-                    );
-                    root.write(&mut inode.i_block);
-                    inode.i_blocks += self.sectors_per_block();
-                } else {
-                    ExtentNode::Leaf(header(extents.len(), ROOT_MAX, 0), extents).write(&mut inode.i_block);
-                }
-            }
-            ExtentNode::Index(h, mut index) if h.eh_depth == 1 => {
-                let last = *index.last().ok_or_else(|| Error::corrupt("empty extent index", location.clone()))?;
-                let buf = self.cache.get(last.leaf)?;
-                let node = ExtentNode::parse(&buf.read(), Some(0), &location)?;
-                let ExtentNode::Leaf(lh, mut extents) = node else { unreachable!("depth 0 is a leaf") };
-                if push_extent(&mut extents, lh.eh_max, new) {
-                    self.write_leaf_block(
-                        tx,
-                        ino,
-                        inode,
-                        last.leaf,
-                        &ExtentNode::Leaf(header(extents.len(), lh.eh_max, 0), extents),
-                    )?;
-                } else if index.len() < ROOT_MAX as usize {
-                    let (leaf_blk, _) = self.alloc_blocks(tx, pblk, 1)?;
-                    let leaf = ExtentNode::Leaf(header(1, per_block, 0), vec![new]);
-                    self.write_leaf_block(tx, ino, inode, leaf_blk, &leaf)?;
-                    index.push(ExtentIndex { ei_block: new.ee_block, leaf: leaf_blk });
-                    ExtentNode::Index(header(index.len(), ROOT_MAX, 1), index).write(&mut inode.i_block);
-                    inode.i_blocks += self.sectors_per_block();
-                } else {
-                    return Err(Error::unsupported("growing an extent tree past depth 1 (not yet written)"));
-                }
-            }
-            ExtentNode::Index(..) => {
-                return Err(Error::unsupported("appending to an extent tree deeper than 1 (not yet written)"));
-            }
-        }
+        self.extent_insert(tx, ino, inode, Extent { ee_block: lblk as u32, len, unwritten: false, start: pblk })?;
         inode.i_blocks += len as u64 * self.sectors_per_block();
         Ok(())
     }
 
-    /// One past the last logical block the extent tree maps (0 when empty), found by
-    /// following the rightmost path.
-    pub(crate) fn extent_end(&self, ino: u32, inode: &Inode) -> Result<u64> {
+    /// The nodes from the root to the leaf whose range holds `lblk`.
+    fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
         let location = format!("extent tree of inode {ino}");
-        let mut node = ExtentNode::parse(&inode.i_block, None, &location)?;
+        let mut path = vec![Node::from(None, ExtentNode::parse(&inode.i_block, None, &location)?)];
         loop {
-            match node {
-                ExtentNode::Leaf(_, extents) => return Ok(extents.last().map(|e| e.end()).unwrap_or(0)),
-                ExtentNode::Index(h, index) => {
-                    let Some(last) = index.last() else { return Ok(0) };
-                    self.check_block(last.leaf, &|| location.clone())?;
-                    let buf = self.cache.get(last.leaf)?;
-                    node = ExtentNode::parse(&buf.read(), Some(h.eh_depth - 1), &location)?;
-                }
+            let node = path.last_mut().unwrap();
+            if node.depth == 0 {
+                return Ok(path);
             }
+            let at = node.items.partition_point(|i| i.key() <= lblk).max(1) - 1;
+            node.at = at;
+            let Item::Idx(idx) = node.items[at] else { unreachable!("index nodes hold index entries") };
+            let depth = node.depth - 1;
+            self.check_block(idx.leaf, &|| location.clone())?;
+            let buf = self.cache.get(idx.leaf)?;
+            let child = ExtentNode::parse(&buf.read(), Some(depth), &location)?;
+            path.push(Node::from(Some(idx.leaf), child));
         }
     }
 
-    /// Frees every data and tree block of an extent-mapped inode and leaves it an
-    /// empty root (i_blocks keeps only an xattr block, if any).
-    pub(crate) fn free_all_extents(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
-        if !inode.has_flag(EXT4_EXTENTS_FL) {
-            return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
+    fn write_node(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, node: &Node) -> Result<()> {
+        let ext = node.to_extent_node();
+        match node.block {
+            None => {
+                ext.write(&mut inode.i_block);
+                Ok(())
+            }
+            Some(b) => self.write_leaf_block(tx, ino, inode, b, &ext),
         }
+    }
+
+    /// Inserts an extent for an unmapped range, splitting nodes and growing the tree.
+    fn extent_insert(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, new: Extent) -> Result<()> {
+        let mut path = self.extent_path(ino, inode, new.ee_block)?;
+        let leaf_level = path.len() - 1;
+        let leaf = &mut path[leaf_level];
+        let pos = leaf.items.partition_point(|i| i.key() <= new.ee_block);
+        let ext = |i: &Item| match i {
+            Item::Ext(e) => *e,
+            Item::Idx(_) => unreachable!("leaves hold extents"),
+        };
+        // Continue the extent before, or let the one after start earlier.
+        if pos > 0 {
+            let prev = ext(&leaf.items[pos - 1]);
+            if !prev.unwritten
+                && prev.end() == new.ee_block as u64
+                && prev.start + prev.len as u64 == new.start
+                && prev.len + new.len <= fext::EXT_INIT_MAX_LEN
+            {
+                leaf.items[pos - 1] = Item::Ext(Extent { len: prev.len + new.len, ..prev });
+                let node = path[leaf_level].clone();
+                return self.write_node(tx, ino, inode, &node);
+            }
+        }
+        if pos < leaf.items.len() {
+            let next = ext(&leaf.items[pos]);
+            if !next.unwritten
+                && new.end() == next.ee_block as u64
+                && new.start + new.len as u64 == next.start
+                && next.len + new.len <= fext::EXT_INIT_MAX_LEN
+            {
+                leaf.items[pos] = Item::Ext(Extent {
+                    ee_block: new.ee_block,
+                    start: new.start,
+                    len: next.len + new.len,
+                    unwritten: false,
+                });
+                self.fix_keys(tx, ino, inode, &mut path, leaf_level, pos)?;
+                let node = path[leaf_level].clone();
+                return self.write_node(tx, ino, inode, &node);
+            }
+        }
+        self.insert_item(tx, ino, inode, &mut path, leaf_level, Item::Ext(new))
+    }
+
+    /// After entry `pos` of level `level` changed key: when it is the node's first,
+    /// the parent's key for this node changes too (the kernel's correct_indexes).
+    fn fix_keys(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut [Node],
+        level: usize,
+        pos: usize,
+    ) -> Result<()> {
+        let (mut level, mut pos) = (level, pos);
+        while pos == 0 && level > 0 {
+            let key = path[level].items[0].key();
+            let parent = &mut path[level - 1];
+            let at = parent.at;
+            if let Item::Idx(idx) = &mut parent.items[at] {
+                idx.ei_block = key;
+            }
+            let node = parent.clone();
+            self.write_node(tx, ino, inode, &node)?;
+            level -= 1;
+            pos = at;
+        }
+        Ok(())
+    }
+
+    /// Puts `item` into the node at `level`, splitting it (and growing the tree at
+    /// the root) when full.
+    fn insert_item(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut Vec<Node>,
+        level: usize,
+        item: Item,
+    ) -> Result<()> {
+        let pos = path[level].items.partition_point(|i| i.key() <= item.key());
+        path[level].items.insert(pos, item);
+        self.fix_keys(tx, ino, inode, path, level, pos)?;
+        if path[level].items.len() <= path[level].max as usize {
+            let node = path[level].clone();
+            return self.write_node(tx, ino, inode, &node);
+        }
+        let per_block = fext::max_entries_in_block(self.geo.block_size);
+        let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
+        let (new_block, _) = self.alloc_blocks(tx, goal, 1)?;
+        inode.i_blocks += self.sectors_per_block();
+        if level == 0 {
+            // The root overflows: its entries move to a new node and the root indexes it.
+            if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
+                return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
+            }
+            let root = &path[0];
+            let child =
+                Node { block: Some(new_block), depth: root.depth, max: per_block, items: root.items.clone(), at: 0 };
+            self.write_node(tx, ino, inode, &child)?;
+            let key = child.items[0].key();
+            let new_root = Node {
+                block: None,
+                depth: root.depth + 1,
+                max: ROOT_MAX,
+                items: vec![Item::Idx(ExtentIndex { ei_block: key, leaf: new_block })],
+                at: 0,
+            };
+            return self.write_node(tx, ino, inode, &new_root);
+        }
+        // Split in two; the upper half goes to the new block and into the parent.
+        // Random-order inserts leave half-empty nodes behind: sync packs the tree.
+        self.extent_compact.lock().insert(ino);
+        let half = path[level].items.len() / 2;
+        let upper = path[level].items.split_off(half);
+        let sibling =
+            Node { block: Some(new_block), depth: path[level].depth, max: path[level].max, items: upper, at: 0 };
+        let lower = path[level].clone();
+        self.write_node(tx, ino, inode, &lower)?;
+        self.write_node(tx, ino, inode, &sibling)?;
+        let key = sibling.items[0].key();
+        self.insert_item(tx, ino, inode, path, level - 1, Item::Idx(ExtentIndex { ei_block: key, leaf: new_block }))
+    }
+
+    /// Every extent of the tree in order, and the tree's own blocks.
+    fn collect_extents(&self, ino: u32, inode: &Inode) -> Result<(Vec<Extent>, Vec<u64>)> {
         let location = format!("extent tree of inode {ino}");
-        let mut stack = vec![ExtentNode::parse(&inode.i_block, None, &location)?];
+        let mut extents = Vec::new();
         let mut node_blocks = Vec::new();
+        let mut stack = vec![ExtentNode::parse(&inode.i_block, None, &location)?];
         while let Some(node) = stack.pop() {
             match node {
-                ExtentNode::Leaf(_, extents) => {
-                    for e in extents {
-                        self.free_blocks_range(tx, e.start, e.len as u64)?;
-                    }
-                }
+                ExtentNode::Leaf(_, e) => extents.extend(e),
                 ExtentNode::Index(h, index) => {
-                    for e in index {
+                    for e in index.iter().rev() {
                         self.check_block(e.leaf, &|| location.clone())?;
                         let buf = self.cache.get(e.leaf)?;
                         stack.push(ExtentNode::parse(&buf.read(), Some(h.eh_depth - 1), &location)?);
@@ -182,11 +246,148 @@ impl Filesystem {
                 }
             }
         }
-        for b in node_blocks {
+        Ok((extents, node_blocks))
+    }
+
+    /// Cuts the mapping at logical block `keep`: blocks from there on are freed, and
+    /// the tree is rebuilt from the extents that remain (truncate is rare enough
+    /// that rebuilding beats editing in place).
+    pub(crate) fn extent_truncate(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, keep: u64) -> Result<()> {
+        if !inode.has_flag(EXT4_EXTENTS_FL) {
+            return Err(Error::unsupported(format!("truncating block-mapped inode {ino}")));
+        }
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        let mut kept = Vec::new();
+        let mut freed = 0u64;
+        for e in extents {
+            if e.end() <= keep {
+                kept.push(e);
+            } else if (e.ee_block as u64) < keep {
+                let stay = (keep - e.ee_block as u64) as u32;
+                self.free_blocks_range(tx, e.start + stay as u64, (e.len - stay) as u64)?;
+                freed += (e.len - stay) as u64;
+                kept.push(Extent { len: stay, ..e });
+            } else {
+                self.free_blocks_range(tx, e.start, e.len as u64)?;
+                freed += e.len as u64;
+            }
+        }
+        for &b in &node_blocks {
             self.free_blocks_range(tx, b, 1)?;
         }
-        inode.i_block = Self::empty_extent_root();
+        let data_sectors = inode.i_blocks.saturating_sub((node_blocks.len() as u64 + freed) * self.sectors_per_block());
+        inode.i_blocks = data_sectors;
+        self.build_tree(tx, ino, inode, kept)
+    }
+
+    /// Rebuilds the tree with every node packed full, keeping the extents. Trees grown
+    /// by inserts in random order (the kernel's delayed allocation inserts in file
+    /// order instead) would otherwise have levels e2fsck calls "could be narrower".
+    pub(crate) fn compact_extent_tree(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
+        if !inode.has_flag(EXT4_EXTENTS_FL) {
+            return Ok(());
+        }
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        for &b in &node_blocks {
+            self.free_blocks_range(tx, b, 1)?;
+        }
+        inode.i_blocks = inode.i_blocks.saturating_sub(node_blocks.len() as u64 * self.sectors_per_block());
+        self.build_tree(tx, ino, inode, extents)
+    }
+
+    /// Writes a fresh tree holding `extents` (sorted, non-overlapping).
+    fn build_tree(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, extents: Vec<Extent>) -> Result<()> {
+        let per_block = fext::max_entries_in_block(self.geo.block_size) as usize;
+        let mut level: Vec<Item> = extents.into_iter().map(Item::Ext).collect();
+        let mut depth = 0u16;
+        while level.len() > ROOT_MAX as usize {
+            let mut up = Vec::new();
+            for chunk in level.chunks(per_block) {
+                let (block, _) = self.alloc_blocks(tx, self.inode_goal(ino), 1)?;
+                inode.i_blocks += self.sectors_per_block();
+                let node = Node { block: Some(block), depth, max: per_block as u16, items: chunk.to_vec(), at: 0 };
+                self.write_node(tx, ino, inode, &node)?;
+                up.push(Item::Idx(ExtentIndex { ei_block: chunk[0].key(), leaf: block }));
+            }
+            level = up;
+            depth += 1;
+        }
+        inode.i_block = [0; 60];
+        self.write_node(tx, ino, inode, &Node { block: None, depth, max: ROOT_MAX, items: level, at: 0 })
+    }
+
+    /// Frees every data and tree block of an extent-mapped inode and leaves it an
+    /// empty root (i_blocks keeps only an xattr block, if any).
+    pub(crate) fn free_all_extents(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
+        self.extent_truncate(tx, ino, inode, 0)?;
         inode.i_blocks = if inode.i_file_acl != 0 { self.sectors_per_block() } else { 0 };
         Ok(())
+    }
+}
+
+/// An entry of a node being edited: an extent (leaf) or an index entry.
+#[derive(Clone, Copy)]
+enum Item {
+    Ext(Extent),
+    Idx(ExtentIndex),
+}
+
+impl Item {
+    fn key(&self) -> u32 {
+        match self {
+            Item::Ext(e) => e.ee_block,
+            Item::Idx(i) => i.ei_block,
+        }
+    }
+}
+
+/// A node on a root-to-leaf path; `block` is None for the root in i_block.
+#[derive(Clone)]
+struct Node {
+    block: Option<u64>,
+    depth: u16,
+    max: u16,
+    items: Vec<Item>,
+    /// The index entry followed downward.
+    at: usize,
+}
+
+impl Node {
+    fn from(block: Option<u64>, node: ExtentNode) -> Node {
+        match node {
+            ExtentNode::Leaf(h, e) => {
+                Node { block, depth: 0, max: h.eh_max, items: e.into_iter().map(Item::Ext).collect(), at: 0 }
+            }
+            ExtentNode::Index(h, i) => {
+                Node { block, depth: h.eh_depth, max: h.eh_max, items: i.into_iter().map(Item::Idx).collect(), at: 0 }
+            }
+        }
+    }
+
+    fn to_extent_node(&self) -> ExtentNode {
+        let h = header(self.items.len(), self.max, self.depth);
+        if self.depth == 0 {
+            ExtentNode::Leaf(
+                h,
+                self.items
+                    .iter()
+                    .map(|i| match i {
+                        Item::Ext(e) => *e,
+                        Item::Idx(_) => unreachable!(),
+                    })
+                    .collect(),
+            )
+        } else {
+            ExtentNode::Index(
+                h,
+                self.items
+                    .iter()
+                    .map(|i| match i {
+                        Item::Idx(x) => *x,
+                        Item::Ext(_) => unreachable!(),
+                    })
+                    .collect(),
+            )
+        }
     }
 }

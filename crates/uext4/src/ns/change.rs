@@ -261,9 +261,8 @@ impl Filesystem {
         self.free_inode(tx, ino, inode.is_dir())
     }
 
-    /// Writes `data` at `offset`. Blocks already mapped are overwritten in place;
-    /// new blocks may only be added at or past the end of the mapping (writing into
-    /// a hole inside the file is not written yet).
+    /// Writes `data` at `offset`: mapped blocks are overwritten in place, holes get
+    /// new blocks (merged into the neighbouring extent when contiguous).
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
         let _lock = self.inode_locks.lock(ino as u64);
         let mut inode = (*self.inode(ino)?).clone();
@@ -288,17 +287,13 @@ impl Filesystem {
                     return Err(Error::unsupported("writing into unwritten extents (not yet written)"))
                 }
                 MapKind::Hole => {
-                    let mapped_end = self.extent_end(ino, &inode)?;
-                    if lblk < mapped_end {
-                        return Err(Error::unsupported("writing into a hole inside a file (not yet written)"));
-                    }
-                    let goal = if mapped_end > 0 {
-                        match self.map_blocks(ino, &inode, mapped_end - 1, 1)?.kind {
-                            MapKind::Mapped(p) => p + 1 + (lblk - mapped_end),
-                            _ => self.inode_goal(ino),
-                        }
-                    } else {
-                        self.inode_goal(ino)
+                    // Right after the block before, so sequential writes stay contiguous.
+                    let goal = match lblk.checked_sub(1) {
+                        Some(prev) => match self.map_blocks(ino, &inode, prev, 1)?.kind {
+                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
+                            MapKind::Hole => self.inode_goal(ino),
+                        },
+                        None => self.inode_goal(ino),
                     };
                     let (p, _) = self.alloc_blocks(&mut tx, goal, 1)?;
                     // A fresh block: zero what this write does not cover.
@@ -341,8 +336,8 @@ pub struct SetAttr {
 }
 
 impl Filesystem {
-    /// Changes mode, owner, size or times. Shrinking a file is supported to size 0
-    /// for now; growing only moves i_size (the new range reads as a hole).
+    /// Changes mode, owner, size or times. Shrinking frees the blocks past the new
+    /// end; growing only moves i_size (the new range reads as a hole).
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
         let _lock = self.inode_locks.lock(ino as u64);
         let mut inode = (*self.inode(ino)?).clone();
@@ -361,10 +356,16 @@ impl Filesystem {
                 return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
             }
             if size < inode.i_size {
-                if size != 0 {
-                    return Err(Error::unsupported("truncating to a size other than 0 (not yet written)"));
+                let bs = self.geo.block_size as u64;
+                self.extent_truncate(&mut tx, ino, &mut inode, size.div_ceil(bs))?;
+                // Bytes past the new end in its last block must read as zeros if the
+                // file grows again.
+                if size % bs != 0 {
+                    if let MapKind::Mapped(p) = self.map_blocks(ino, &inode, size / bs, 1)?.kind {
+                        let tail = (bs - size % bs) as usize;
+                        self.cache.device().write_at(p * bs + size % bs, &vec![0u8; tail])?;
+                    }
                 }
-                self.free_all_extents(&mut tx, ino, &mut inode)?;
             }
             inode.i_size = size;
             let t = now();
