@@ -25,6 +25,18 @@ impl Filesystem {
         }
         Ok(Handle { fs: self, credits, touched: Vec::new() })
     }
+
+    /// Refuses (before anything changes) an operation that could need more than
+    /// `blocks` free blocks beyond the reserved ones: a change must not run out of
+    /// space halfway, since there is no journal yet to undo the half done.
+    pub(crate) fn ensure_space(&self, blocks: u64) -> Result<()> {
+        let reserved = self.sb.read().s_r_blocks_count;
+        let free = self.free_blocks();
+        if free < reserved + blocks {
+            return Err(Error::NoSpace(format!("{free} free blocks, {reserved} reserved, up to {blocks} needed")));
+        }
+        Ok(())
+    }
 }
 
 impl Handle<'_> {

@@ -14,6 +14,12 @@ use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
 use crate::ns::Stat;
 
+/// Worst-case new blocks for one name: a directory block or leaf split, index
+/// splits and a root push-down, and extent-tree node splits for the new block.
+pub(crate) const NAME_SPACE_BLOCKS: u64 = 16;
+/// Worst case for one data block: itself and a node split at every tree level.
+const DATA_SPACE_BLOCKS: u64 = 8;
+
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
@@ -84,6 +90,7 @@ impl Filesystem {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         let mut tx = self.begin(8)?;
+        self.ensure_space(NAME_SPACE_BLOCKS)?;
         let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
         let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
         let mut inode = self.new_inode(mode, owner);
@@ -190,6 +197,7 @@ impl Filesystem {
             return Err(Error::Invalid(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
         let mut tx = self.begin(6)?;
+        self.ensure_space(NAME_SPACE_BLOCKS)?;
         let mut dir =
             self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(inode.i_mode))?;
         Self::touch_dir(&mut dir);
@@ -287,6 +295,13 @@ impl Filesystem {
                     return Err(Error::unsupported("writing into unwritten extents (not yet written)"))
                 }
                 MapKind::Hole => {
+                    // Out of space: a short write, or ENOSPC if nothing was written.
+                    if let Err(e) = self.ensure_space(DATA_SPACE_BLOCKS) {
+                        if done == 0 {
+                            return Err(e);
+                        }
+                        break;
+                    }
                     // Right after the block before, so sequential writes stay contiguous.
                     let goal = match lblk.checked_sub(1) {
                         Some(prev) => match self.map_blocks(ino, &inode, prev, 1)?.kind {
@@ -308,7 +323,7 @@ impl Filesystem {
             dev.write_at(pblk * bs + in_block as u64, &data[done..done + n])?;
             done += n;
         }
-        let end = offset + data.len() as u64;
+        let end = offset + done as u64;
         if end > inode.i_size {
             inode.i_size = end;
         }
@@ -317,7 +332,7 @@ impl Filesystem {
         inode.i_ctime = t;
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
-        Ok(data.len())
+        Ok(done)
     }
 }
 

@@ -111,6 +111,7 @@ impl Filesystem {
         let _inode_locks = self.inode_locks.lock_many(&keys);
 
         let mut tx = self.begin(24)?;
+        self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
         let mut parents = Parents(vec![(src_dir, (*self.inode(src_dir)?).clone())]);
         if cross {
             parents.0.push((dst_dir, (*self.inode(dst_dir)?).clone()));
