@@ -64,3 +64,237 @@ impl Filesystem {
         Ok(self.xattrs(ino)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v))
     }
 }
+
+/// setxattr flags, as in <sys/xattr.h>.
+pub const XATTR_CREATE: u32 = 1;
+pub const XATTR_REPLACE: u32 = 2;
+
+/// One attribute as laid out on disk: name index, name suffix, stored value.
+#[derive(Clone)]
+struct DiskAttr {
+    index: u8,
+    suffix: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl DiskAttr {
+    fn space(&self) -> usize {
+        xattr::entry_len(self.suffix.len()) + xattr::value_len(self.value.len())
+    }
+}
+
+/// Lays out entries from `entries_off` and values packed down from `end`; value
+/// offsets count from `value_base`. Returns the entry hashes.
+fn lay_out(area: &mut [u8], attrs: &[DiskAttr], entries_off: usize, value_base: usize, end: usize) -> Vec<u32> {
+    use crate::format::bytes::{put_le16, put_le32};
+    let mut e = entries_off;
+    let mut v = end;
+    let mut hashes = Vec::new();
+    for a in attrs {
+        v -= xattr::value_len(a.value.len());
+        area[v..v + a.value.len()].copy_from_slice(&a.value);
+        let hash = xattr::entry_hash(&a.suffix, &a.value);
+        area[e] = a.suffix.len() as u8;
+        area[e + 1] = a.index;
+        put_le16(area, e + 2, if a.value.is_empty() { 0 } else { (v - value_base) as u16 });
+        put_le32(area, e + 4, 0);
+        put_le32(area, e + 8, a.value.len() as u32);
+        put_le32(area, e + 12, hash);
+        area[e + 16..e + 16 + a.suffix.len()].copy_from_slice(&a.suffix);
+        e += xattr::entry_len(a.suffix.len());
+        hashes.push(hash);
+    }
+    hashes
+}
+
+impl Filesystem {
+    /// Sets an attribute (`name` as user space spells it), in the inode body when it
+    /// fits, else in the xattr block. A block shared with other inodes is copied first.
+    pub fn set_xattr(&self, ino: u32, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
+        let (index, suffix) = xattr::split_name(name)
+            .ok_or_else(|| Error::unsupported(format!("xattr namespace of {}", String::from_utf8_lossy(name))))?;
+        if suffix.len() > 255 {
+            return Err(Error::Invalid("xattr name longer than 255 bytes".into()));
+        }
+        let value = if index == INDEX_POSIX_ACL_ACCESS || index == INDEX_POSIX_ACL_DEFAULT {
+            acl::user_to_disk(value).map_err(Error::Invalid)?
+        } else {
+            value.to_vec()
+        };
+        self.change_xattrs(ino, &mut |attrs| {
+            let at = attrs.iter().position(|a| a.index == index && a.suffix == suffix);
+            match (at, flags & XATTR_CREATE != 0, flags & XATTR_REPLACE != 0) {
+                (Some(_), true, _) => return Err(Error::Exists(String::from_utf8_lossy(name).into_owned())),
+                (None, _, true) => return Err(Error::NotFound(String::from_utf8_lossy(name).into_owned())),
+                (Some(i), _, _) => attrs[i].value = value.clone(),
+                (None, _, _) => attrs.push(DiskAttr { index, suffix: suffix.to_vec(), value: value.clone() }),
+            }
+            Ok(())
+        })
+    }
+
+    pub fn remove_xattr(&self, ino: u32, name: &[u8]) -> Result<()> {
+        let (index, suffix) =
+            xattr::split_name(name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        self.change_xattrs(ino, &mut |attrs| {
+            let at = attrs.iter().position(|a| a.index == index && a.suffix == suffix);
+            match at {
+                Some(i) => {
+                    attrs.remove(i);
+                    Ok(())
+                }
+                None => Err(Error::NotFound(String::from_utf8_lossy(name).into_owned())),
+            }
+        })
+    }
+
+    /// Reads every attribute, lets `edit` change the list, and writes it back: the
+    /// inode body first (system.data always there), the rest into one block.
+    fn change_xattrs(&self, ino: u32, edit: &mut dyn FnMut(&mut Vec<DiskAttr>) -> Result<()>) -> Result<()> {
+        let _lock = self.inode_locks.lock(ino as u64);
+        let mut inode = (*self.inode(ino)?).clone();
+        let mut attrs: Vec<DiskAttr> = Vec::new();
+        for (e, v) in xattr::parse_ibody(inode.xattr_area(), ino)? {
+            attrs.push(DiskAttr { index: e.e_name_index, suffix: e.name, value: v });
+        }
+        let old_block = inode.i_file_acl;
+        let mut old_refcount = 0;
+        if old_block != 0 {
+            self.check_block(old_block, &|| format!("xattr block of inode {ino}"))?;
+            let buf = self.cache.get(old_block)?;
+            let (h, entries) = xattr::parse_block(&buf.read(), old_block)?;
+            old_refcount = h.h_refcount;
+            for (e, v) in entries {
+                attrs.push(DiskAttr { index: e.e_name_index, suffix: e.name, value: v });
+            }
+        }
+        edit(&mut attrs)?;
+
+        // system.data (inline data) must stay in the inode; the body then takes the
+        // smallest attributes first, so as many as possible avoid the block.
+        attrs.sort_by_key(|a| (!(a.index == INDEX_SYSTEM && a.suffix == b"data"), a.space()));
+        let area_len = inode.xattr_area().len();
+        let mut body_room = area_len.saturating_sub(8);
+        let mut body = Vec::new();
+        let mut block = Vec::new();
+        for a in attrs {
+            if area_len >= 8 && a.space() <= body_room {
+                body_room -= a.space();
+                body.push(a);
+            } else {
+                block.push(a);
+            }
+        }
+        let bs = self.geo.block_size;
+        let block_room = bs - xattr::XATTR_BLOCK_HEADER_LEN - 4;
+        if block.iter().map(DiskAttr::space).sum::<usize>() > block_room {
+            return Err(Error::NoSpace(format!("attributes of inode {ino} do not fit one {bs}-byte block")));
+        }
+        let needs_block = !block.is_empty();
+        if needs_block && (old_block == 0 || old_refcount > 1) {
+            self.ensure_space(1)?;
+        }
+        let mut tx = self.begin(4)?;
+
+        let mut area = vec![0u8; area_len];
+        if !body.is_empty() {
+            area[..4].copy_from_slice(&xattr::EXT4_XATTR_MAGIC.to_le_bytes());
+            lay_out(&mut area, &body, 4, 4, area_len);
+        }
+        inode.set_xattr_area(&area);
+
+        let sectors = bs as u64 / 512;
+        // Let go of the old block: freed if it was ours alone, else one reference less.
+        let mut reuse = None;
+        if old_block != 0 {
+            if old_refcount <= 1 {
+                if needs_block {
+                    reuse = Some(old_block);
+                } else {
+                    self.free_blocks_range(&mut tx, old_block, 1)?;
+                    inode.i_blocks = inode.i_blocks.saturating_sub(sectors);
+                }
+            } else {
+                let buf = self.cache.get(old_block)?;
+                {
+                    let mut data = buf.write();
+                    crate::format::bytes::put_le32(&mut data, 4, old_refcount - 1);
+                    if self.geo.metadata_csum {
+                        xattr::set_block_checksum(&mut data, old_block, self.geo.csum_seed);
+                    }
+                }
+                tx.dirty(&buf);
+                inode.i_blocks = inode.i_blocks.saturating_sub(sectors);
+            }
+            inode.i_file_acl = 0;
+        }
+        if needs_block {
+            let blk = match reuse {
+                Some(b) => b,
+                None => {
+                    let (b, _) = self.alloc_blocks(&mut tx, self.inode_goal(ino), 1)?;
+                    inode.i_blocks += sectors;
+                    b
+                }
+            };
+            // The kernel looks entries up in a block by sorted order.
+            block.sort_by(|a, b| (a.index, a.suffix.len(), &a.suffix).cmp(&(b.index, b.suffix.len(), &b.suffix)));
+            let buf = self.cache.get_new(blk);
+            {
+                let mut data = buf.write();
+                let hashes = lay_out(&mut data, &block, xattr::XATTR_BLOCK_HEADER_LEN, 0, bs);
+                xattr::XattrBlockHeader {
+                    h_magic: xattr::EXT4_XATTR_MAGIC,
+                    h_refcount: 1,
+                    h_blocks: 1,
+                    h_hash: xattr::block_hash(&hashes),
+                    h_checksum: 0,
+                }
+                .write(&mut data);
+                if self.geo.metadata_csum {
+                    xattr::set_block_checksum(&mut data, blk, self.geo.csum_seed);
+                }
+            }
+            tx.dirty(&buf);
+            inode.i_file_acl = blk;
+        }
+        inode.i_ctime = crate::ns::change::now();
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()
+    }
+}
+
+impl Filesystem {
+    /// Lets go of an inode's xattr block: freed if only this inode used it, else one
+    /// reference fewer.
+    pub(crate) fn release_xattr_block(
+        &self,
+        tx: &mut crate::journal::handle::Handle,
+        ino: u32,
+        inode: &mut crate::format::inode::Inode,
+    ) -> Result<()> {
+        let blk = inode.i_file_acl;
+        if blk == 0 {
+            return Ok(());
+        }
+        self.check_block(blk, &|| format!("xattr block of inode {ino}"))?;
+        let buf = self.cache.get(blk)?;
+        let refcount = xattr::parse_block(&buf.read(), blk)?.0.h_refcount;
+        if refcount <= 1 {
+            drop(buf);
+            self.free_blocks_range(tx, blk, 1)?;
+        } else {
+            {
+                let mut data = buf.write();
+                crate::format::bytes::put_le32(&mut data, 4, refcount - 1);
+                if self.geo.metadata_csum {
+                    xattr::set_block_checksum(&mut data, blk, self.geo.csum_seed);
+                }
+            }
+            tx.dirty(&buf);
+        }
+        inode.i_file_acl = 0;
+        inode.i_blocks = inode.i_blocks.saturating_sub(self.geo.block_size as u64 / 512);
+        Ok(())
+    }
+}

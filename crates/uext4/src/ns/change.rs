@@ -261,9 +261,7 @@ impl Filesystem {
         } else if !(inode.is_symlink() || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK)) {
             return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
         }
-        if inode.i_file_acl != 0 {
-            return Err(Error::unsupported(format!("freeing inode {ino} with an xattr block (not yet written)")));
-        }
+        self.release_xattr_block(tx, ino, inode)?;
         inode.i_dtime = now().sec as u32;
         inode.i_size = 0;
         self.free_inode(tx, ino, inode.is_dir())
