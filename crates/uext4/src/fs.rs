@@ -103,6 +103,8 @@ pub struct Filesystem {
     /// Inodes whose extent tree split a node since the last sync: sync packs their
     /// trees again (see `extent::write`).
     pub(crate) extent_compact: Mutex<std::collections::HashSet<u32>>,
+    /// Open handles per inode: an unlinked inode lives until its last close.
+    pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// The rename lock (DESIGN.md level 1): only cross-directory renames take it.
     pub(crate) rename_lock: Mutex<()>,
     /// Directory name locks (DESIGN.md level 2; one per directory until pdirops).
@@ -243,13 +245,14 @@ impl Filesystem {
         let groups = Self::read_group_descriptors(&cache, &sb, &geo)?;
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
         let alloc = crate::alloc::AllocState::new(&groups.iter().map(|g| g.read().clone()).collect::<Vec<_>>());
-        Ok(Filesystem {
+        let fs = Filesystem {
             cache,
             geo,
             sb: RwLock::new(sb),
             groups,
             alloc,
             extent_compact: Mutex::new(std::collections::HashSet::new()),
+            open_files: Mutex::new(HashMap::new()),
             rename_lock: Mutex::new(()),
             dir_locks: crate::locks::LockTable::default(),
             inode_locks: crate::locks::LockTable::default(),
@@ -258,7 +261,12 @@ impl Filesystem {
             read_only,
             read_only_reason: reason,
             replayed_journal_blocks,
-        })
+        };
+        // Inodes a previous session unlinked while open, and never closed.
+        if !fs.read_only && fs.sb.read().s_last_orphan != 0 {
+            fs.process_orphans()?;
+        }
+        Ok(fs)
     }
 
     /// Where group `group`'s descriptor lives: (block, byte offset in it).

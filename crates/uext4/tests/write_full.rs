@@ -58,6 +58,9 @@ fn one_big_file() {
         }
         assert!(matches!(fs.write(ino, data.len() as u64, b"more"), Err(Error::NoSpace(_))));
         assert!(data.len() > 20 << 20, "only {} bytes fit", data.len());
+        let st = fs.statfs();
+        // Writes stop when less than one data block's worst case (8 blocks) is left.
+        assert!(st.available_blocks < 8, "a full disk still reports room: {st:?}");
         files.insert("big".to_string(), data);
     }
     check_through_kernel(&image, &files, &[]);

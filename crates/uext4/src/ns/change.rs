@@ -248,7 +248,12 @@ impl Filesystem {
         inode.i_ctime = now();
         inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
         if inode.i_links_count == 0 {
-            self.release_inode(&mut tx, ino, &mut inode)?;
+            if self.is_open(ino) {
+                // Still open: freed on the last close, or after a crash at the next open.
+                self.orphan_add(ino, &mut inode);
+            } else {
+                self.release_inode(&mut tx, ino, &mut inode)?;
+            }
         }
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()

@@ -6,6 +6,7 @@ use crate::format::inode::*;
 use crate::fs::Filesystem;
 
 pub mod change;
+pub mod orphan;
 pub mod rename;
 use std::collections::HashSet;
 
@@ -207,4 +208,33 @@ impl Filesystem {
 
 fn split_path(path: &[u8]) -> Vec<Vec<u8>> {
     path.split(|&c| c == b'/').filter(|c| !c.is_empty()).map(|c| c.to_vec()).collect()
+}
+
+/// Filesystem-wide figures, as statfs(2) reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub free_blocks: u64,
+    /// Free blocks an unprivileged user may take (less the reserved ones).
+    pub available_blocks: u64,
+    pub inodes: u64,
+    pub free_inodes: u64,
+    pub name_max: u32,
+}
+
+impl Filesystem {
+    pub fn statfs(&self) -> StatFs {
+        let reserved = self.sb.read().s_r_blocks_count;
+        let free = self.free_blocks();
+        StatFs {
+            block_size: self.geo.block_size as u32,
+            blocks: self.geo.blocks_count,
+            free_blocks: free,
+            available_blocks: free.saturating_sub(reserved),
+            inodes: self.geo.inodes_count as u64,
+            free_inodes: self.free_inodes(),
+            name_max: crate::format::dirent::EXT4_NAME_LEN as u32,
+        }
+    }
 }

@@ -157,7 +157,11 @@ impl Filesystem {
                     d_inode.i_links_count = d_inode.i_links_count.saturating_sub(1);
                 }
                 if d_inode.i_links_count == 0 {
-                    self.release_inode(&mut tx, d, d_inode)?;
+                    if self.is_open(d) {
+                        self.orphan_add(d, d_inode);
+                    } else {
+                        self.release_inode(&mut tx, d, d_inode)?;
+                    }
                 }
             } else {
                 let parent = parents.get(dst_dir).clone();
