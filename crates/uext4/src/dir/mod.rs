@@ -157,6 +157,10 @@ impl Filesystem {
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| e.ino));
         }
+        // "." and ".." are never in the index: they are block 0's first two entries.
+        if name == b"." || name == b".." {
+            return self.search_block(dir, &inode, 0, name);
+        }
         if self.is_indexed(&inode) {
             return Ok(self.htree_lookup(dir, &inode, name)?.map(|(ino, _)| ino));
         }
