@@ -23,3 +23,82 @@ impl Filesystem {
         Ok(data)
     }
 }
+
+impl Filesystem {
+    /// Moves an inline file's or directory's contents into a block, as the kernel does
+    /// when inline space runs out: afterwards the ordinary block paths apply. The
+    /// system.data attribute goes and the inline flag is cleared. The caller holds
+    /// the inode's lock (or owns the inode).
+    pub(crate) fn uninline(&self, tx: &mut crate::journal::handle::Handle, ino: u32) -> Result<()> {
+        use crate::format::dirent::{self, EXT4_FT_DIR};
+        use crate::format::inode::{EXT4_EXTENTS_FL, EXT4_INLINE_DATA_FL};
+        let mut inode = (*self.inode(ino)?).clone();
+        if !inode.has_flag(EXT4_INLINE_DATA_FL) || inode.is_symlink() {
+            return Ok(());
+        }
+        let bs = self.geo.block_size;
+        let mut block = vec![0u8; bs];
+        let size = if inode.is_dir() {
+            let entries = self.read_dir(ino)?;
+            let tail = if self.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
+            let ft = if self.geo.has_filetype { EXT4_FT_DIR } else { 0 };
+            let mut off = 0;
+            for (i, e) in entries.iter().enumerate() {
+                let len = if i + 1 == entries.len() { bs - tail - off } else { dirent::rec_len_for(e.name.len()) };
+                let file_type = if i < 2 { ft } else { e.file_type };
+                dirent::write_entry(&mut block, off, e.ino, len, file_type, &e.name, bs);
+                off += len;
+            }
+            if self.geo.metadata_csum {
+                dirent::set_tail(&mut block, self.inode_seed(ino, &inode));
+            }
+            bs as u64
+        } else {
+            let data = self.inline_data(ino, &inode)?;
+            let n = (inode.i_size as usize).min(data.len()).min(bs);
+            block[..n].copy_from_slice(&data[..n]);
+            inode.i_size
+        };
+        // Drop system.data from the inode body, keeping the other attributes there.
+        let kept: Vec<_> = xattr::parse_ibody(inode.xattr_area(), ino)?
+            .into_iter()
+            .filter(|(e, _)| !(e.e_name_index == INDEX_SYSTEM && e.name == b"data"))
+            .collect();
+        let area_len = inode.xattr_area().len();
+        let mut area = vec![0u8; area_len];
+        if !kept.is_empty() {
+            area[..4].copy_from_slice(&xattr::EXT4_XATTR_MAGIC.to_le_bytes());
+            let mut e = 4;
+            let mut v = area_len;
+            for (entry, value) in &kept {
+                v -= xattr::value_len(value.len());
+                area[v..v + value.len()].copy_from_slice(value);
+                area[e] = entry.name.len() as u8;
+                area[e + 1] = entry.e_name_index;
+                let offs = if value.is_empty() { 0 } else { (v - 4) as u16 };
+                area[e + 2..e + 4].copy_from_slice(&offs.to_le_bytes());
+                area[e + 8..e + 12].copy_from_slice(&(value.len() as u32).to_le_bytes());
+                area[e + 12..e + 16].copy_from_slice(&xattr::entry_hash(&entry.name, value).to_le_bytes());
+                area[e + 16..e + 16 + entry.name.len()].copy_from_slice(&entry.name);
+                e += xattr::entry_len(entry.name.len());
+            }
+        }
+        inode.set_xattr_area(&area);
+        inode.i_flags = (inode.i_flags & !EXT4_INLINE_DATA_FL) | EXT4_EXTENTS_FL;
+        inode.i_block = Self::empty_extent_root();
+        if size > 0 {
+            self.ensure_space(8)?;
+            let (blk, _) = self.alloc_blocks(tx, self.inode_goal(ino), 1)?;
+            if inode.is_dir() {
+                let buf = self.cache.get_new(blk);
+                buf.write().copy_from_slice(&block);
+                tx.dirty(&buf);
+            } else {
+                self.cache.device().write_at(blk * bs as u64, &block)?;
+            }
+            self.extent_append(tx, ino, &mut inode, 0, blk, 1)?;
+        }
+        inode.i_size = size;
+        self.write_inode(tx, ino, &inode)
+    }
+}

@@ -85,7 +85,7 @@ impl Filesystem {
         check_name(name)?;
         let is_dir = mode & S_IFMT == S_IFDIR;
         let _name_lock = self.dir_locks.lock(parent as u64);
-        let parent_inode = self.require_dir(parent)?;
+        self.require_dir(parent)?;
         if self.lookup(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
@@ -96,6 +96,8 @@ impl Filesystem {
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
+        self.uninline(&mut tx, parent)?;
+        let parent_inode = self.inode(parent)?;
         let mut dir = self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(mode))?;
         Self::touch_dir(&mut dir);
         if is_dir {
@@ -184,7 +186,7 @@ impl Filesystem {
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Stat> {
         check_name(name)?;
         let _name_lock = self.dir_locks.lock(parent as u64);
-        let parent_inode = self.require_dir(parent)?;
+        self.require_dir(parent)?;
         if self.lookup(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
@@ -198,6 +200,8 @@ impl Filesystem {
         }
         let mut tx = self.begin(6)?;
         self.ensure_space(NAME_SPACE_BLOCKS)?;
+        self.uninline(&mut tx, parent)?;
+        let parent_inode = self.inode(parent)?;
         let mut dir =
             self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(inode.i_mode))?;
         Self::touch_dir(&mut dir);
@@ -224,7 +228,7 @@ impl Filesystem {
             return Err(Error::Invalid(format!("cannot remove '{}'", String::from_utf8_lossy(name))));
         }
         let _name_lock = self.dir_locks.lock(parent as u64);
-        let parent_inode = self.require_dir(parent)?;
+        self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
         let ino = self.lookup(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
         let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
@@ -238,6 +242,8 @@ impl Filesystem {
             return Err(Error::NotEmpty(shown()));
         }
         let mut tx = self.begin(10)?;
+        self.uninline(&mut tx, parent)?;
+        let parent_inode = self.inode(parent)?;
         self.remove_entry(&mut tx, parent, &parent_inode, name)?;
         let mut dir = (*self.inode(parent)?).clone();
         Self::touch_dir(&mut dir);
@@ -263,7 +269,10 @@ impl Filesystem {
     pub(crate) fn release_inode(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
         if inode.has_flag(EXT4_EXTENTS_FL) {
             self.free_all_extents(tx, ino, inode)?;
-        } else if !(inode.is_symlink() || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK)) {
+        } else if !(inode.has_flag(EXT4_INLINE_DATA_FL)
+            || inode.is_symlink()
+            || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK))
+        {
             return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
         }
         self.release_xattr_block(tx, ino, inode)?;
@@ -276,15 +285,13 @@ impl Filesystem {
     /// new blocks (merged into the neighbouring extent when contiguous).
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
         let _lock = self.inode_locks.lock(ino as u64);
-        let mut inode = (*self.inode(ino)?).clone();
-        if !inode.is_reg() {
+        if !self.inode(ino)?.is_reg() {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
-        }
-        if inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Err(Error::unsupported("writing inline files (not yet written)"));
         }
         let bs = self.geo.block_size as u64;
         let mut tx = self.begin(16)?;
+        self.uninline(&mut tx, ino)?;
+        let mut inode = (*self.inode(ino)?).clone();
         let dev = self.cache.device().clone();
         let mut done = 0usize;
         while done < data.len() {
@@ -358,8 +365,11 @@ impl Filesystem {
     /// end; growing only moves i_size (the new range reads as a hole).
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
         let _lock = self.inode_locks.lock(ino as u64);
-        let mut inode = (*self.inode(ino)?).clone();
         let mut tx = self.begin(8)?;
+        if attr.size.is_some() {
+            self.uninline(&mut tx, ino)?;
+        }
+        let mut inode = (*self.inode(ino)?).clone();
         if let Some(p) = attr.perm {
             inode.i_mode = (inode.i_mode & S_IFMT) | (p & 0o7777);
         }

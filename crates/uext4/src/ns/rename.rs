@@ -112,6 +112,10 @@ impl Filesystem {
 
         let mut tx = self.begin(24)?;
         self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
+        // Inline directories become block directories before their entries change.
+        for ino in [src_dir, dst_dir].into_iter().chain(src_is_dir.then_some(src)).chain(dst.filter(|_| dst_is_dir)) {
+            self.uninline(&mut tx, ino)?;
+        }
         let mut parents = Parents(vec![(src_dir, (*self.inode(src_dir)?).clone())]);
         if cross {
             parents.0.push((dst_dir, (*self.inode(dst_dir)?).clone()));
