@@ -114,3 +114,28 @@ fn unsigned_hash_and_tea() {
     }
     oracle::assert_e2fsck_clean(&image);
 }
+
+#[test]
+fn one_million_entries() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-N", "1100000"]).arg(&image).arg("2G"));
+    let count = 1_000_000;
+    {
+        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+        let big = fs.mkdir(ROOT_INO, b"big", 0o755, ROOT).unwrap().ino;
+        for i in 0..count {
+            fs.create(big, format!("entry-{i:07}").as_bytes(), 0o644, ROOT).unwrap();
+        }
+        for i in (0..count).step_by(9973) {
+            assert!(fs.lookup(big, format!("entry-{i:07}").as_bytes()).unwrap().is_some());
+        }
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert_eq!(std::fs::read_dir(m.dir.join("big")).unwrap().count(), count);
+    assert!(m.dir.join("big/entry-0765432").exists());
+}
