@@ -1,8 +1,9 @@
 //! The block allocator: goal-directed, one group at a time under its lock.
 //!
 //! Search starts in the goal's group at the goal (after a file's last block for an
-//! append, near its inode otherwise) and takes the longest free run up to the
-//! request there, then moves on group by group. The reserved blocks
+//! append, near its inode otherwise) and takes the free run there (or the next one)
+//! up to the request, then moves on group by group. Runs come from each group's
+//! free-run map (`FreeRuns`), so no allocation walks the bitmap bit by bit. The reserved blocks
 //! (s_r_blocks_count) are never handed out.
 
 use crate::cache::Buffer;
@@ -134,15 +135,15 @@ impl Filesystem {
         let nbits = self.blocks_in_group(g) as usize;
         let found = {
             let mut b = buf.write();
-            let first_free = |from: usize, to: usize, b: &[u8]| (from..to).find(|&i| !bitmap::test_bit(b, i));
-            let start = start_bit.min(nbits);
-            let Some(at) = first_free(start, nbits, &b).or_else(|| first_free(0, start, &b)) else {
+            let mut runs = self.alloc.free_runs[g as usize].lock();
+            let runs = runs.get_or_insert_with(|| crate::alloc::FreeRuns::from_bitmap(&b, nbits as u32));
+            let Some((at, len)) = runs.take(start_bit.min(nbits) as u32, max_len) else {
                 return Ok(None);
             };
-            let mut len = 0;
-            while len < max_len as usize && at + len < nbits && !bitmap::test_bit(&b, at + len) {
-                bitmap::set_bit(&mut b, at + len);
-                len += 1;
+            let (at, len) = (at as usize, len as usize);
+            for bit in at..at + len {
+                debug_assert!(!bitmap::test_bit(&b, bit), "free-run map and bitmap disagree");
+                bitmap::set_bit(&mut b, bit);
             }
             if self.geo.metadata_csum {
                 gd.bg_block_bitmap_csum = bitmap::checksum(&b, self.geo.blocks_per_group, self.geo.csum_seed);
@@ -185,6 +186,9 @@ impl Filesystem {
                 }
                 if self.geo.metadata_csum {
                     gd.bg_block_bitmap_csum = bitmap::checksum(&b, self.geo.blocks_per_group, self.geo.csum_seed);
+                }
+                if let Some(runs) = self.alloc.free_runs[g as usize].lock().as_mut() {
+                    runs.put((block - gstart) as u32, (run_end - block) as u32);
                 }
             }
             tx.dirty(&buf);
