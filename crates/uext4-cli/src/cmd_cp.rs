@@ -7,7 +7,7 @@
 //! directories are checked to be real directories before entering them, and
 //! ownership and times are set without following links.
 
-use crate::target::{open_ro, parse_target, OpenArgs, Target};
+use crate::target::{open_ro, OpenArgs, Target};
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs::{self, OpenOptions};
@@ -23,12 +23,17 @@ pub struct CpArgs {
     /// Copy directories recursively
     #[arg(short = 'r', short_alias = 'R', long = "recursive")]
     recursive: bool,
-    /// Source, IMAGE:/path
-    #[arg(value_parser = parse_target)]
-    source: Target,
-    /// Destination directory on the host (created if missing)
-    dest: PathBuf,
+    /// SOURCE... DEST: either IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)
+    #[arg(required = true, num_args = 2..)]
+    paths: Vec<String>,
     #[command(flatten)]
+    open: OpenArgs,
+}
+
+struct OutArgs {
+    recursive: bool,
+    source: Target,
+    dest: PathBuf,
     open: OpenArgs,
 }
 
@@ -231,13 +236,36 @@ impl Extractor<'_> {
 }
 
 impl CpArgs {
-    /// A recursive copy, as the demo and tests use it.
+    /// A recursive copy out of an image, as the demo uses it.
     pub fn new(source: Target, dest: PathBuf, open: OpenArgs) -> CpArgs {
-        CpArgs { recursive: true, source, dest, open }
+        let src = format!("{}:{}", source.image.display(), String::from_utf8_lossy(&source.path));
+        CpArgs { recursive: true, paths: vec![src, dest.display().to_string()], open }
     }
 }
 
+/// `IMAGE:/path` names a place in an image; anything else is a host path.
+fn names_image(arg: &str) -> bool {
+    arg.contains(":/") || arg.ends_with(':')
+}
+
 pub fn run(a: CpArgs) -> Result<()> {
+    let last = a.paths.last().expect("clap requires two paths");
+    if names_image(last) {
+        let dest = Target::parse(last).map_err(Error::Invalid)?;
+        let sources: Vec<PathBuf> = a.paths[..a.paths.len() - 1].iter().map(PathBuf::from).collect();
+        return crate::cmd_put::copy_in(&sources, &dest, a.recursive);
+    }
+    if a.paths.len() != 2 || !names_image(&a.paths[0]) {
+        return Err(Error::Invalid(
+            "cp needs IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)".into(),
+        ));
+    }
+    let source = Target::parse(&a.paths[0]).map_err(Error::Invalid)?;
+    copy_out(source, PathBuf::from(&a.paths[1]), a.recursive, &a.open)
+}
+
+fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> Result<()> {
+    let a = OutArgs { recursive, source, dest, open: open.clone() };
     let fs = open_ro(&a.source.image, &a.open)?;
     let ino = fs.lookup_path(&a.source.path)?;
     let st = fs.stat(ino)?;

@@ -7,6 +7,7 @@ mod cmd_cp;
 mod cmd_info;
 mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_put;
 mod cmd_stats;
 mod demo;
 mod target;
@@ -31,7 +32,7 @@ enum Command {
     Cat(cmd_ls::CatArgs),
     /// Show an inode's fields, its block mapping (extents, block map or inline) and xattrs
     Stat(cmd_ls::StatArgs),
-    /// Copy files out of an image: `uext4 cp -r IMAGE:/path HOSTDIR`
+    /// Copy files out of an image (cp -r IMAGE:/path HOSTDIR) or into it (cp -r HOSTPATH... IMAGE:/path)
     Cp(cmd_cp::CpArgs),
     /// Histograms of directory and file sizes, and how many would fit inline
     Stats(cmd_stats::StatsArgs),
