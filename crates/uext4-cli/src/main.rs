@@ -4,6 +4,7 @@
 //! does). Exit status is 0 on success and 1 with a one-line message on stderr.
 
 mod cmd_cp;
+mod cmd_edit;
 mod cmd_info;
 mod cmd_ls;
 mod cmd_mkfs;
@@ -38,6 +39,24 @@ enum Command {
     Stats(cmd_stats::StatsArgs),
     /// Create a new ext4 image
     Mkfs(cmd_mkfs::MkfsArgs),
+    /// Make directories inside an image
+    Mkdir(cmd_edit::MkdirArgs),
+    /// Remove files (and with -r, directories) inside an image
+    Rm(cmd_edit::RmArgs),
+    /// Rename or move inside an image
+    Mv(cmd_edit::MvArgs),
+    /// Make a hard link, or with -s a symbolic link, inside an image
+    Ln(cmd_edit::LnArgs),
+    /// Set a file's size
+    Truncate(cmd_edit::TruncateArgs),
+    /// Change permission bits (octal)
+    Chmod(cmd_edit::ChmodArgs),
+    /// Change owner (numeric UID[:GID])
+    Chown(cmd_edit::ChownArgs),
+    /// Set (-n NAME -v VALUE) or remove (-x NAME) an extended attribute
+    Setfattr(cmd_edit::SetfattrArgs),
+    /// Show extended attributes
+    Getfattr(cmd_edit::GetfattrArgs),
     /// Build a fresh image in a temporary directory, fill it, check it with e2fsck
     Demo(demo::DemoArgs),
 }
@@ -52,6 +71,15 @@ fn main() -> ExitCode {
         Command::Cp(a) => cmd_cp::run(a),
         Command::Stats(a) => cmd_stats::run(a),
         Command::Mkfs(a) => cmd_mkfs::run(a),
+        Command::Mkdir(a) => cmd_edit::mkdir(a),
+        Command::Rm(a) => cmd_edit::rm(a),
+        Command::Mv(a) => cmd_edit::mv(a),
+        Command::Ln(a) => cmd_edit::ln(a),
+        Command::Truncate(a) => cmd_edit::truncate(a),
+        Command::Chmod(a) => cmd_edit::chmod(a),
+        Command::Chown(a) => cmd_edit::chown(a),
+        Command::Setfattr(a) => cmd_edit::setfattr(a),
+        Command::Getfattr(a) => cmd_edit::getfattr(a),
         Command::Demo(a) => demo::run(a),
     };
     match result {

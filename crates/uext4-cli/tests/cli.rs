@@ -68,7 +68,10 @@ fn sample_tree(root: &Path) {
 
 #[test]
 fn every_subcommand_has_help() {
-    for sub in ["info", "ls", "cat", "stat", "cp", "stats", "mkfs", "demo"] {
+    for sub in [
+        "info", "ls", "cat", "stat", "cp", "stats", "mkfs", "demo", "mkdir", "rm", "mv", "ln", "truncate", "chmod",
+        "chown", "setfattr", "getfattr",
+    ] {
         let out = ok(&[sub, "--help"]);
         assert!(out.contains("Usage: uext4 ") && out.contains(sub), "{sub} --help: {out}");
     }
