@@ -1,0 +1,1 @@
+//! Workloads that compare uext4 with the kernel and e2fsprogs (see src/bin/).
