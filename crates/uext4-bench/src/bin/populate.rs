@@ -40,6 +40,9 @@ fn make_tree(root: &Path, files: usize, total: u64) {
     }
 }
 
+/// A named way to populate the image.
+type Target<'a> = (&'static str, Box<dyn Fn() + 'a>);
+
 fn main() {
     let files: usize = arg("--files", "100000").parse().unwrap();
     let total_mb: u64 = arg("--total-mb", "1024").parse().unwrap();
@@ -57,7 +60,7 @@ fn main() {
     let mnt = work.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     // uext4's mkfs picks 4 KiB blocks at this size; mkfs.ext4 is told the same.
-    let targets: [(&str, Box<dyn Fn()>); 3] = [
+    let targets: [Target; 3] = [
         (
             "uext4 (mkfs + cp -r)",
             Box::new(|| {
