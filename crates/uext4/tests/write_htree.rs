@@ -139,3 +139,33 @@ fn one_million_entries() {
     assert_eq!(std::fs::read_dir(m.dir.join("big")).unwrap().count(), count);
     assert!(m.dir.join("big/entry-0765432").exists());
 }
+
+#[test]
+fn three_levels_with_large_dir() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    // 1 KiB blocks and 250-byte names: 3 names a leaf, so ~40,000 names need more
+    // leaves than two levels (123 x 126) can index.
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    oracle::run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "1024", "-N", "60000", "-O", "large_dir"])
+            .arg(&image)
+            .arg("512M"),
+    );
+    let count = 45_000;
+    {
+        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+        let big = fs.mkdir(ROOT_INO, b"big", 0o755, ROOT).unwrap().ino;
+        for i in 0..count {
+            fs.create(big, &name(i, 250), 0o644, ROOT).unwrap_or_else(|e| panic!("name {i}: {e}"));
+        }
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let got = levels(&image);
+    assert_eq!(got, Some(2), "index levels below the root");
+    let m = oracle::Mount::new(&image, "ro");
+    assert_eq!(std::fs::read_dir(m.dir.join("big")).unwrap().count(), count);
+}

@@ -211,71 +211,84 @@ impl Filesystem {
         levels: u8,
         new: DxEntry,
     ) -> Result<()> {
-        let max_levels = if self.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
-        let node_limit = htree::dx_limit(self.geo.block_size, DX_NODE_COUNTLIMIT_OFFSET, self.geo.metadata_csum);
         let mut levels = levels;
         let bottom = frames.len() - 1;
-        if frames[bottom].entries.len() >= frames[bottom].limit as usize {
-            // The node to split needs a parent with room; a full root first moves down a level.
-            let parent_full = bottom == 0 || frames[bottom - 1].entries.len() >= frames[bottom - 1].limit as usize;
-            if parent_full && !(bottom <= 1 && levels + 1 < max_levels) {
-                return Err(Error::NoSpace(format!("directory inode {dir}: the hash index is full")));
-            }
-            if parent_full {
-                // Push the root's entries into a new node; the root points at it alone.
-                let (lblk, buf) = self.append_dir_block(tx, dir, inode)?;
-                let root = &mut frames[0];
-                let moved = Frame {
-                    lblk,
-                    offset: DX_NODE_COUNTLIMIT_OFFSET,
-                    limit: node_limit,
-                    entries: std::mem::take(&mut root.entries),
-                    at: root.at,
-                };
-                root.entries = vec![DxEntry { hash: 0, block: lblk as u32 }];
-                root.at = 0;
-                self.write_frame(tx, dir, inode, &moved, &buf)?;
-                frames.insert(1, moved);
-                levels += 1;
-                self.set_root_levels(tx, dir, inode, levels)?;
-                let root_buf = self.frame_buffer(dir, inode, 0)?;
-                self.write_frame(tx, dir, inode, &frames[0], &root_buf)?;
-            }
-            let bottom = frames.len() - 1;
-            if frames[bottom].entries.len() >= frames[bottom].limit as usize {
-                // Split the full node in two; the upper half's first hash goes to the parent.
-                let (lblk, buf) = self.append_dir_block(tx, dir, inode)?;
-                let half = frames[bottom].entries.len() / 2;
-                let upper: Vec<DxEntry> = frames[bottom].entries.split_off(half);
-                let upper_hash = upper[0].hash;
-                let old_at = frames[bottom].at;
-                let mut sibling =
-                    Frame { lblk, offset: DX_NODE_COUNTLIMIT_OFFSET, limit: node_limit, entries: upper, at: 0 };
-                let parent = &mut frames[bottom - 1];
-                parent.entries.insert(parent.at + 1, DxEntry { hash: upper_hash, block: lblk as u32 });
-                let parent_buf = self.frame_buffer(dir, inode, frames[bottom - 1].lblk)?;
-                self.write_frame(tx, dir, inode, &frames[bottom - 1], &parent_buf)?;
-                if old_at >= half {
-                    sibling.at = old_at - half;
-                    self.write_frame(
-                        tx,
-                        dir,
-                        inode,
-                        &frames[bottom],
-                        &self.frame_buffer(dir, inode, frames[bottom].lblk)?,
-                    )?;
-                    self.write_frame(tx, dir, inode, &sibling, &buf)?;
-                    frames[bottom] = sibling;
-                } else {
-                    self.write_frame(tx, dir, inode, &sibling, &buf)?;
-                }
-            }
-        }
+        self.make_room(tx, dir, inode, frames, &mut levels, bottom)?;
         let f = frames.last_mut().unwrap();
         f.entries.insert(f.at + 1, new);
         let buf = self.frame_buffer(dir, inode, f.lblk)?;
         let f = frames.last().unwrap();
         self.write_frame(tx, dir, inode, f, &buf)
+    }
+
+    /// Makes sure the node at `level` has room for one more entry: a full node splits
+    /// in two (after making room in its parent, recursively), and a full root pushes
+    /// its entries down into a new node, adding a level. The frames keep describing
+    /// the path to the leaf; levels below a push-down shift down by one.
+    fn make_room(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        inode: &mut Inode,
+        frames: &mut Vec<Frame>,
+        levels: &mut u8,
+        level: usize,
+    ) -> Result<()> {
+        if frames[level].entries.len() < frames[level].limit as usize {
+            return Ok(());
+        }
+        let max_levels = if self.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
+        let node_limit = htree::dx_limit(self.geo.block_size, DX_NODE_COUNTLIMIT_OFFSET, self.geo.metadata_csum);
+        if level == 0 {
+            if *levels + 1 >= max_levels {
+                return Err(Error::NoSpace(format!("directory inode {dir}: the hash index is full")));
+            }
+            // Push the root's entries into a new node; the root points at it alone.
+            let (lblk, buf) = self.append_dir_block(tx, dir, inode)?;
+            let root = &mut frames[0];
+            let moved = Frame {
+                lblk,
+                offset: DX_NODE_COUNTLIMIT_OFFSET,
+                limit: node_limit,
+                entries: std::mem::take(&mut root.entries),
+                at: root.at,
+            };
+            root.entries = vec![DxEntry { hash: 0, block: lblk as u32 }];
+            root.at = 0;
+            self.write_frame(tx, dir, inode, &moved, &buf)?;
+            frames.insert(1, moved);
+            *levels += 1;
+            self.set_root_levels(tx, dir, inode, *levels)?;
+            let root_buf = self.frame_buffer(dir, inode, 0)?;
+            return self.write_frame(tx, dir, inode, &frames[0], &root_buf);
+        }
+        // The parent needs room for the new sibling first; a push-down above shifts us.
+        let before = frames.len();
+        self.make_room(tx, dir, inode, frames, levels, level - 1)?;
+        let level = level + (frames.len() - before);
+        if frames[level].entries.len() < frames[level].limit as usize {
+            return Ok(());
+        }
+        let (lblk, buf) = self.append_dir_block(tx, dir, inode)?;
+        let half = frames[level].entries.len() / 2;
+        let upper: Vec<DxEntry> = frames[level].entries.split_off(half);
+        let upper_hash = upper[0].hash;
+        let old_at = frames[level].at;
+        let mut sibling = Frame { lblk, offset: DX_NODE_COUNTLIMIT_OFFSET, limit: node_limit, entries: upper, at: 0 };
+        let parent = &mut frames[level - 1];
+        parent.entries.insert(parent.at + 1, DxEntry { hash: upper_hash, block: lblk as u32 });
+        let parent_buf = self.frame_buffer(dir, inode, frames[level - 1].lblk)?;
+        self.write_frame(tx, dir, inode, &frames[level - 1], &parent_buf)?;
+        let lower_buf = self.frame_buffer(dir, inode, frames[level].lblk)?;
+        self.write_frame(tx, dir, inode, &frames[level], &lower_buf)?;
+        self.write_frame(tx, dir, inode, &sibling, &buf)?;
+        if old_at >= half {
+            // The path continues through the new sibling.
+            sibling.at = old_at - half;
+            frames[level - 1].at += 1;
+            frames[level] = sibling;
+        }
+        Ok(())
     }
 
     fn set_root_levels(&self, tx: &mut Handle, dir: u32, inode: &Inode, levels: u8) -> Result<()> {
