@@ -234,10 +234,9 @@ impl Filesystem {
             },
             verify_checksums: !opts.ignore_checksums,
         };
+        // uext4 writes only extent-mapped files: without the extent feature, read-only.
         let (read_only, reason) = if !read_only && !geo.has_extents {
-            return Err(Error::unsupported(
-                "writing to a filesystem without the extent feature (block-mapped files); open it read-only",
-            ));
+            (true, "opened read-only: uext4 does not write filesystems without the extent feature".to_string())
         } else {
             (read_only, reason)
         };

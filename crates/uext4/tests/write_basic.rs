@@ -184,6 +184,10 @@ fn read_only_opens_refuse_changes() {
     assert!(matches!(fs.mkdir(ROOT_INO, b"x", 0o755, ROOT), Err(Error::ReadOnly(_))));
     let blockmap = dir.path().join("bm.img");
     oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-O", "^extent,^64bit"]).arg(&blockmap).arg("16M"));
-    let err = Filesystem::open(&blockmap, Options { read_only: false, ..Options::default() }).err().unwrap();
-    assert!(err.to_string().contains("extent"), "{err}");
+    let fs = Filesystem::open(&blockmap, Options { read_only: false, ..Options::default() }).unwrap();
+    assert!(fs.is_read_only() && fs.read_only_reason().contains("extent"), "{}", fs.read_only_reason());
+    match fs.mkdir(ROOT_INO, b"x", 0o755, ROOT) {
+        Err(Error::ReadOnly(why)) => assert!(why.contains("extent"), "{why}"),
+        other => panic!("expected ReadOnly, got {other:?}"),
+    }
 }
