@@ -64,25 +64,8 @@ impl Filesystem {
             .into_iter()
             .filter(|(e, _)| !(e.e_name_index == INDEX_SYSTEM && e.name == b"data"))
             .collect();
-        let area_len = inode.xattr_area().len();
-        let mut area = vec![0u8; area_len];
-        if !kept.is_empty() {
-            area[..4].copy_from_slice(&xattr::EXT4_XATTR_MAGIC.to_le_bytes());
-            let mut e = 4;
-            let mut v = area_len;
-            for (entry, value) in &kept {
-                v -= xattr::value_len(value.len());
-                area[v..v + value.len()].copy_from_slice(value);
-                area[e] = entry.name.len() as u8;
-                area[e + 1] = entry.e_name_index;
-                let offs = if value.is_empty() { 0 } else { (v - 4) as u16 };
-                area[e + 2..e + 4].copy_from_slice(&offs.to_le_bytes());
-                area[e + 8..e + 12].copy_from_slice(&(value.len() as u32).to_le_bytes());
-                area[e + 12..e + 16].copy_from_slice(&xattr::entry_hash(&entry.name, value).to_le_bytes());
-                area[e + 16..e + 16 + entry.name.len()].copy_from_slice(&entry.name);
-                e += xattr::entry_len(entry.name.len());
-            }
-        }
+        let kept: Vec<(u8, Vec<u8>, Vec<u8>)> = kept.into_iter().map(|(e, v)| (e.e_name_index, e.name, v)).collect();
+        let area = crate::xattr::ibody_area(inode.xattr_area().len(), &kept);
         inode.set_xattr_area(&area);
         inode.i_flags = (inode.i_flags & !EXT4_INLINE_DATA_FL) | EXT4_EXTENTS_FL;
         inode.i_block = Self::empty_extent_root();

@@ -107,6 +107,21 @@ fn lay_out(area: &mut [u8], attrs: &[DiskAttr], entries_off: usize, value_base: 
     hashes
 }
 
+/// An in-inode xattr area of `area_len` bytes holding `attrs` (index, name suffix,
+/// value), which the caller has checked fit; empty when there are none.
+pub(crate) fn ibody_area(area_len: usize, attrs: &[(u8, Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut area = vec![0u8; area_len];
+    if !attrs.is_empty() {
+        area[..4].copy_from_slice(&xattr::EXT4_XATTR_MAGIC.to_le_bytes());
+        let attrs: Vec<DiskAttr> = attrs
+            .iter()
+            .map(|(index, suffix, value)| DiskAttr { index: *index, suffix: suffix.clone(), value: value.clone() })
+            .collect();
+        lay_out(&mut area, &attrs, 4, 4, area_len);
+    }
+    area
+}
+
 impl Filesystem {
     /// Sets an attribute (`name` as user space spells it), in the inode body when it
     /// fits, else in the xattr block. A block shared with other inodes is copied first.
@@ -196,12 +211,8 @@ impl Filesystem {
         }
         let mut tx = self.begin(4)?;
 
-        let mut area = vec![0u8; area_len];
-        if !body.is_empty() {
-            area[..4].copy_from_slice(&xattr::EXT4_XATTR_MAGIC.to_le_bytes());
-            lay_out(&mut area, &body, 4, 4, area_len);
-        }
-        inode.set_xattr_area(&area);
+        let body: Vec<(u8, Vec<u8>, Vec<u8>)> = body.into_iter().map(|a| (a.index, a.suffix, a.value)).collect();
+        inode.set_xattr_area(&ibody_area(area_len, &body));
 
         let sectors = bs as u64 / 512;
         // Let go of the old block: freed if it was ours alone, else one reference less.
