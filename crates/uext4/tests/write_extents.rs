@@ -127,3 +127,35 @@ fn sequential_writes_make_one_extent_per_32768_blocks() {
     assert_eq!(data.len(), 300 << 20);
     assert!(data.chunks(1 << 20).all(|c| c == chunk.as_slice()));
 }
+
+#[test]
+fn writes_into_preallocated_space() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    uext4::mkfs::mkfs(&image, &uext4::mkfs::MkfsOptions { size: 256 << 20, ..Default::default() }).unwrap();
+    // The kernel preallocates (unwritten extents); stale bytes sit in those blocks.
+    {
+        let m = oracle::Mount::new(&image, "");
+        std::fs::write(m.dir.join("junk"), vec![0xEEu8; 8 << 20]).unwrap();
+        std::fs::remove_file(m.dir.join("junk")).unwrap();
+        oracle::run(Command::new("fallocate").args(["-l", "4M"]).arg(m.dir.join("pre")));
+    }
+    let mut expect = vec![0u8; 4 << 20];
+    {
+        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+        let ino = fs.lookup_path(b"/pre").unwrap();
+        for (off, len) in [(0usize, 10usize), (4096 * 3 + 100, 5000), (2 << 20, 4096), ((4 << 20) - 7, 7), (777_777, 1)]
+        {
+            let data: Vec<u8> = (0..len).map(|i| (i % 250) as u8 + 1).collect();
+            assert_eq!(fs.write(ino, off as u64, &data).unwrap(), len);
+            expect[off..off + len].copy_from_slice(&data);
+        }
+        assert_eq!(fs.read_all(ino).unwrap(), expect, "uext4's own view");
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert!(std::fs::read(m.dir.join("pre")).unwrap() == expect, "the kernel sees stale bytes or lost writes");
+}

@@ -295,6 +295,56 @@ impl Filesystem {
         self.build_tree(tx, ino, inode, extents)
     }
 
+    /// Marks logical block `lblk` (inside an unwritten extent) as written: the extent
+    /// splits around it and the written piece joins a contiguous written neighbour.
+    /// The tree is rebuilt from the new list, which costs a pass over the file's
+    /// extents; the zero-out tunable (extent_zeroout_len) will make this rarer.
+    pub(crate) fn extent_mark_written(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, lblk: u64) -> Result<()> {
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        let mut out: Vec<Extent> = Vec::with_capacity(extents.len() + 2);
+        for e in extents {
+            let inside = (e.ee_block as u64) <= lblk && lblk < e.end();
+            if !(inside && e.unwritten) {
+                out.push(e);
+                continue;
+            }
+            let before = (lblk - e.ee_block as u64) as u32;
+            if before > 0 {
+                out.push(Extent { len: before, ..e });
+            }
+            out.push(Extent { ee_block: lblk as u32, len: 1, unwritten: false, start: e.start + before as u64 });
+            if before + 1 < e.len {
+                out.push(Extent {
+                    ee_block: lblk as u32 + 1,
+                    len: e.len - before - 1,
+                    unwritten: true,
+                    start: e.start + before as u64 + 1,
+                });
+            }
+        }
+        // Join contiguous neighbours of the same kind (within each kind's length limit).
+        let mut merged: Vec<Extent> = Vec::with_capacity(out.len());
+        for e in out {
+            if let Some(last) = merged.last_mut() {
+                let limit = if e.unwritten { fext::EXT_UNWRITTEN_MAX_LEN } else { fext::EXT_INIT_MAX_LEN };
+                if last.unwritten == e.unwritten
+                    && last.end() == e.ee_block as u64
+                    && last.start + last.len as u64 == e.start
+                    && last.len + e.len <= limit
+                {
+                    last.len += e.len;
+                    continue;
+                }
+            }
+            merged.push(e);
+        }
+        for &b in &node_blocks {
+            self.free_blocks_range(tx, b, 1)?;
+        }
+        inode.i_blocks = inode.i_blocks.saturating_sub(node_blocks.len() as u64 * self.sectors_per_block());
+        self.build_tree(tx, ino, inode, merged)
+    }
+
     /// Writes a fresh tree holding `extents` (sorted, non-overlapping).
     fn build_tree(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, extents: Vec<Extent>) -> Result<()> {
         let per_block = fext::max_entries_in_block(self.geo.block_size) as usize;

@@ -301,8 +301,15 @@ impl Filesystem {
             let n = (bs as usize - in_block).min(data.len() - done);
             let pblk = match self.map_blocks(ino, &inode, lblk, 1)?.kind {
                 MapKind::Mapped(p) => p,
-                MapKind::Unwritten(_) => {
-                    return Err(Error::unsupported("writing into unwritten extents (not yet written)"))
+                MapKind::Unwritten(p) => {
+                    // Preallocated but never written: its old bytes must not show, so
+                    // what this write leaves of the block becomes zeros.
+                    if n < bs as usize {
+                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
+                    }
+                    self.ensure_space(DATA_SPACE_BLOCKS)?;
+                    self.extent_mark_written(&mut tx, ino, &mut inode, lblk)?;
+                    p
                 }
                 MapKind::Hole => {
                     // Out of space: a short write, or ENOSPC if nothing was written.
