@@ -145,12 +145,21 @@ impl Importer<'_> {
             if n == 0 {
                 break;
             }
-            for (i, piece) in buf[..n].chunks(4096).enumerate() {
-                if piece.iter().any(|&b| b != 0) {
-                    let at = off + (i * 4096) as u64;
-                    if self.fs.write(ino, at, piece)? != piece.len() {
-                        return Err(Error::NoSpace(format!("image is full while copying {}", src.display())));
-                    }
+            // Runs of 4 KiB pieces holding data go in one write each; zero pieces stay holes.
+            let pieces: Vec<bool> = buf[..n].chunks(4096).map(|p| p.iter().any(|&b| b != 0)).collect();
+            let mut i = 0;
+            while i < pieces.len() {
+                if !pieces[i] {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < pieces.len() && pieces[i] {
+                    i += 1;
+                }
+                let run = &buf[start * 4096..(i * 4096).min(n)];
+                if self.fs.write(ino, off + (start * 4096) as u64, run)? != run.len() {
+                    return Err(Error::NoSpace(format!("image is full while copying {}", src.display())));
                 }
             }
             off += n as u64;

@@ -319,6 +319,12 @@ impl Filesystem {
                         }
                         break;
                     }
+                    // The whole hole this write covers is allocated as one run.
+                    let want_blocks = (in_block as u64 + (data.len() - done) as u64).div_ceil(bs);
+                    let hole = self.map_blocks(ino, &inode, lblk, want_blocks)?.len;
+                    let reserved = self.sb.read().s_r_blocks_count;
+                    let spare = self.free_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
+                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
                     // Right after the block before, so sequential writes stay contiguous.
                     let goal = match lblk.checked_sub(1) {
                         Some(prev) => match self.map_blocks(ino, &inode, prev, 1)?.kind {
@@ -327,13 +333,22 @@ impl Filesystem {
                         },
                         None => self.inode_goal(ino),
                     };
-                    let (p, _) = self.alloc_blocks(&mut tx, goal, 1)?;
-                    // A fresh block: zero what this write does not cover.
-                    if n < bs as usize {
+                    let (p, got) = self.alloc_blocks(&mut tx, goal, want)?;
+                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - done);
+                    // Fresh blocks: zero the parts of the first and last this write leaves.
+                    if in_block > 0 {
                         dev.write_at(p * bs, &vec![0u8; bs as usize])?;
                     }
-                    self.extent_append(&mut tx, ino, &mut inode, lblk, p, 1)?;
-                    p
+                    let end_in_block = (in_block + bytes) % bs as usize;
+                    if end_in_block != 0 {
+                        let last = p + (in_block + bytes) as u64 / bs;
+                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
+                    }
+                    self.extent_append(&mut tx, ino, &mut inode, lblk, p, got)?;
+                    // File data goes straight to the device, before the metadata that maps it.
+                    dev.write_at(p * bs + in_block as u64, &data[done..done + bytes])?;
+                    done += bytes;
+                    continue;
                 }
             };
             // File data goes straight to the device, before the metadata that maps it.
