@@ -33,6 +33,12 @@ fn same_image(targets: &[&Target]) -> Result<()> {
     Ok(())
 }
 
+/// Opens the one image every target names, writable.
+fn open_shared_image(targets: &[Target]) -> Result<Filesystem> {
+    same_image(&targets.iter().collect::<Vec<_>>())?;
+    open_rw(&targets[0])
+}
+
 fn parse_mode(s: &str) -> std::result::Result<u16, String> {
     u16::from_str_radix(s, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| format!("'{s}' is not an octal mode"))
 }
@@ -51,8 +57,7 @@ pub struct MkdirArgs {
 }
 
 pub fn mkdir(a: MkdirArgs) -> Result<()> {
-    same_image(&a.targets.iter().collect::<Vec<_>>())?;
-    let fs = open_rw(&a.targets[0])?;
+    let fs = open_shared_image(&a.targets)?;
     for t in &a.targets {
         if a.parents {
             let mut dir = ROOT_INO;
@@ -100,8 +105,7 @@ fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8]) -> Result<()> {
 }
 
 pub fn rm(a: RmArgs) -> Result<()> {
-    same_image(&a.targets.iter().collect::<Vec<_>>())?;
-    let fs = open_rw(&a.targets[0])?;
+    let fs = open_shared_image(&a.targets)?;
     for t in &a.targets {
         let (parent, name) = split(&fs, t)?;
         let result = match fs.lookup(parent, &name)? {
@@ -184,8 +188,7 @@ pub struct TruncateArgs {
 }
 
 pub fn truncate(a: TruncateArgs) -> Result<()> {
-    same_image(&a.targets.iter().collect::<Vec<_>>())?;
-    let fs = open_rw(&a.targets[0])?;
+    let fs = open_shared_image(&a.targets)?;
     for t in &a.targets {
         let ino = fs.lookup_path(&t.path)?;
         fs.setattr(ino, &SetAttr { size: Some(a.size), ..Default::default() })?;
@@ -203,8 +206,7 @@ pub struct ChmodArgs {
 }
 
 pub fn chmod(a: ChmodArgs) -> Result<()> {
-    same_image(&a.targets.iter().collect::<Vec<_>>())?;
-    let fs = open_rw(&a.targets[0])?;
+    let fs = open_shared_image(&a.targets)?;
     for t in &a.targets {
         fs.setattr(fs.lookup_path(&t.path)?, &SetAttr { perm: Some(a.mode), ..Default::default() })?;
     }
@@ -225,8 +227,7 @@ pub fn chown(a: ChownArgs) -> Result<()> {
         Some((u, g)) => (Some(u.parse().map_err(|_| bad())?), Some(g.parse().map_err(|_| bad())?)),
         None => (Some(a.owner.parse().map_err(|_| bad())?), None),
     };
-    same_image(&a.targets.iter().collect::<Vec<_>>())?;
-    let fs = open_rw(&a.targets[0])?;
+    let fs = open_shared_image(&a.targets)?;
     for t in &a.targets {
         fs.setattr(fs.lookup_path(&t.path)?, &SetAttr { uid, gid, ..Default::default() })?;
     }
@@ -249,8 +250,7 @@ pub struct SetfattrArgs {
 }
 
 pub fn setfattr(a: SetfattrArgs) -> Result<()> {
-    same_image(&a.targets.iter().collect::<Vec<_>>())?;
-    let fs = open_rw(&a.targets[0])?;
+    let fs = open_shared_image(&a.targets)?;
     for t in &a.targets {
         let ino = fs.lookup_path(&t.path)?;
         match (&a.name, &a.remove) {

@@ -377,14 +377,8 @@ fn block_map_for_run(
     }
     let mut next = 12;
     if len > next {
-        let ind = map.alloc(start + len, 1)?;
+        put(&mut ib, 12, indirect_block(map, writes, start + len, start + next, (len - next).min(per), bs)?);
         extra += 1;
-        let mut b = vec![0u8; bs];
-        for i in 0..(len - next).min(per) {
-            put(&mut b, i as usize, start + next + i);
-        }
-        writes.insert(ind, b);
-        put(&mut ib, 12, ind);
         next += per;
     }
     if len > next {
@@ -393,14 +387,8 @@ fn block_map_for_run(
         let mut d = vec![0u8; bs];
         let mut k = 0;
         while len > next {
-            let ind = map.alloc(start + len, 1)?;
+            put(&mut d, k, indirect_block(map, writes, start + len, start + next, (len - next).min(per), bs)?);
             extra += 1;
-            let mut b = vec![0u8; bs];
-            for i in 0..(len - next).min(per) {
-                put(&mut b, i as usize, start + next + i);
-            }
-            writes.insert(ind, b);
-            put(&mut d, k, ind);
             k += 1;
             next += per;
         }
@@ -408,6 +396,24 @@ fn block_map_for_run(
         put(&mut ib, 13, dind);
     }
     Ok((ib, extra))
+}
+
+/// Allocates (near `goal`) one indirect block mapping `count` consecutive blocks from `first`.
+fn indirect_block(
+    map: &mut BlockMap,
+    writes: &mut Writes,
+    goal: u64,
+    first: u64,
+    count: u64,
+    bs: usize,
+) -> Result<u64> {
+    let pblk = map.alloc(goal, 1)?;
+    let mut block = vec![0u8; bs];
+    for (i, slot) in block.chunks_exact_mut(4).take(count as usize).enumerate() {
+        slot.copy_from_slice(&((first + i as u64) as u32).to_le_bytes());
+    }
+    writes.insert(pblk, block);
+    Ok(pblk)
 }
 
 /// Creates (or overwrites) the image at `path` and makes a filesystem on it.

@@ -10,18 +10,13 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use uext4::{FileType, Filesystem, Options, ROOT_INO};
+use uext4::{Filesystem, Options, ROOT_INO};
 
 fn manifest(image: &Path) -> BTreeMap<Vec<u8>, (u32, u16, u64, Vec<u8>)> {
     let fs = Filesystem::open(image, Options::default()).unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
     let mut out = BTreeMap::new();
     fs.walk(ROOT_INO, &mut |path, st| {
-        let data = match st.file_type {
-            FileType::Regular => fs.read_all(st.ino)?,
-            FileType::Symlink => fs.read_link(st.ino)?,
-            _ => Vec::new(),
-        };
-        out.insert(path.to_vec(), (st.nlink, st.perm, st.size, Sha256::digest(&data).to_vec()));
+        out.insert(path.to_vec(), (st.nlink, st.perm, st.size, oracle::content_digest(&fs, st)?));
         Ok(())
     })
     .unwrap();

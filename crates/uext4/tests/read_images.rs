@@ -49,29 +49,6 @@ fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
 }
 
-/// Extended attributes of a path as the kernel reports them, without following links.
-fn host_xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let c = cpath(p);
-    let mut names = vec![0u8; 65536];
-    // SAFETY: the buffer is valid for its length; c is NUL-terminated.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
-    assert!(n >= 0, "llistxattr {}: {}", p.display(), std::io::Error::last_os_error());
-    let mut out = Vec::new();
-    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cname = CString::new(name).unwrap();
-        let mut value = vec![0u8; 65536];
-        // SAFETY: as above.
-        let len = unsafe {
-            libc::lgetxattr(c.as_ptr(), cname.as_ptr(), value.as_mut_ptr() as *mut libc::c_void, value.len())
-        };
-        assert!(len >= 0, "lgetxattr {} {:?}: {}", p.display(), cname, std::io::Error::last_os_error());
-        value.truncate(len as usize);
-        out.push((name.to_vec(), value));
-    }
-    out.sort();
-    out
-}
-
 fn sha_file(p: &Path) -> Vec<u8> {
     let mut h = Sha256::new();
     let f = fs::File::open(p).unwrap();
@@ -127,7 +104,7 @@ fn kernel_manifest(root: &Path) -> Manifest {
                 ctime: (m.ctime(), m.ctime_nsec()),
                 rdev,
                 target: if kind == 'l' { fs::read_link(&p).unwrap().as_os_str().as_bytes().to_vec() } else { vec![] },
-                xattrs: host_xattrs(&p),
+                xattrs: oracle::host_xattrs(&p),
                 sha256: if kind == '-' { sha_file(&p) } else { vec![] },
             },
         );

@@ -7,8 +7,6 @@
 mod oracle;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
 use uext4::xattr::{XATTR_CREATE, XATTR_REPLACE};
@@ -18,22 +16,7 @@ const ROOT: Owner = Owner { uid: 0, gid: 0 };
 type Attrs = BTreeMap<Vec<u8>, Vec<u8>>;
 
 fn kernel_xattrs(p: &Path) -> Attrs {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let mut names = vec![0u8; 65536];
-    // SAFETY: valid path and buffer.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
-    assert!(n >= 0);
-    let mut out = Attrs::new();
-    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
-        let cn = CString::new(name).unwrap();
-        let mut v = vec![0u8; 65536];
-        // SAFETY: as above.
-        let len = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr() as *mut libc::c_void, v.len()) };
-        assert!(len >= 0);
-        v.truncate(len as usize);
-        out.insert(name.to_vec(), v);
-    }
-    out
+    oracle::host_xattrs(p).into_iter().collect()
 }
 
 fn acl() -> Vec<u8> {

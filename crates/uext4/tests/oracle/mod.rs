@@ -5,8 +5,12 @@
 //! UEXT4_REQUIRE_ORACLES=1, in which case the skip is a failure.
 #![allow(dead_code)]
 
+use sha2::{Digest, Sha256};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use uext4::{FileType, Filesystem, Stat};
 
 pub fn oracles_required() -> bool {
     std::env::var("UEXT4_REQUIRE_ORACLES").map(|v| v == "1").unwrap_or(false)
@@ -99,4 +103,39 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.dir).status();
     }
+}
+
+/// Extended attributes of a host path as the kernel reports them (llistxattr and
+/// lgetxattr, so a symlink's own), sorted by name.
+pub fn host_xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffer is valid for its length; c is NUL-terminated.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
+    assert!(n >= 0, "llistxattr {}: {}", p.display(), std::io::Error::last_os_error());
+    let mut out = Vec::new();
+    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let cname = CString::new(name).unwrap();
+        let mut value = vec![0u8; 65536];
+        // SAFETY: as above.
+        let len = unsafe {
+            libc::lgetxattr(c.as_ptr(), cname.as_ptr(), value.as_mut_ptr() as *mut libc::c_void, value.len())
+        };
+        assert!(len >= 0, "lgetxattr {} {:?}: {}", p.display(), cname, std::io::Error::last_os_error());
+        value.truncate(len as usize);
+        out.push((name.to_vec(), value));
+    }
+    out.sort();
+    out
+}
+
+/// SHA-256 of what uext4 reads for an inode: a regular file's contents, a
+/// symlink's target, nothing for other kinds.
+pub fn content_digest(fs: &Filesystem, st: &Stat) -> uext4::Result<Vec<u8>> {
+    let data = match st.file_type {
+        FileType::Regular => fs.read_all(st.ino)?,
+        FileType::Symlink => fs.read_link(st.ino)?,
+        _ => Vec::new(),
+    };
+    Ok(Sha256::digest(&data).to_vec())
 }
