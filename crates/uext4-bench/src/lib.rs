@@ -1,1 +1,313 @@
-//! Workloads that compare uext4 with the kernel and e2fsprogs (see src/bin/).
+//! The benchmark harness behind `uext4 bench`: workloads run side by side on
+//! uext4's library, uext4's FUSE mount, the kernel's ext4 and fuse2fs.
+//!
+//! Every run gets a fresh image from mkfs.ext4 with the same parameters; runs of
+//! the targets are interleaved (A B C, then B C A, ...) so that the machine's
+//! drift falls on all of them alike; every image passes `e2fsck -fn` after its run
+//! (outside the timing) or the bench stops. Results are medians and spread per
+//! phase, each target's time relative to uext4's in the same round, written as
+//! markdown, JSON (every sample) and PNG plots.
+//!
+//! Adding a workload: implement `workload::Workload` and list it in `workload::all`.
+
+pub mod ops;
+pub mod report;
+pub mod target;
+pub mod usage;
+pub mod workload;
+
+use report::{DeviceFigures, Results, Sample, Skipped, WorkloadInfo};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+use target::{run_tool, Session, Target};
+use usage::own_usage;
+use workload::{Phases, Workload};
+
+/// Anything that stops a bench run, in words.
+#[derive(Debug)]
+pub struct BenchError(pub String);
+
+impl std::fmt::Display for BenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Workloads: `uext4 bench list`. Targets: uext4 (the library), uext4-fuse, kernel, fuse2fs.\n\
+Every run uses a fresh image from mkfs.ext4 -b 4096 and is checked with e2fsck -fn afterwards.")]
+pub struct BenchArgs {
+    /// `list`, `all`, or workload names
+    #[arg(required = true, value_name = "WORKLOAD")]
+    pub workloads: Vec<String>,
+    /// Small sizes: everything finishes in about a minute (for CI and the demo)
+    #[arg(long)]
+    pub quick: bool,
+    /// Comma-separated targets; ones that cannot run here are reported as skipped
+    #[arg(long, value_delimiter = ',', default_value = "uext4,uext4-fuse,kernel,fuse2fs")]
+    pub targets: Vec<String>,
+    /// Runs per target (the medians are over these)
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Where the tables, JSON and plots go
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Where images and mount points live while running (default: a new temporary directory)
+    #[arg(long)]
+    pub work: Option<PathBuf>,
+}
+
+/// `uext4 bench ...`
+pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
+    if args.workloads.iter().any(|w| w == "list") {
+        for w in workload::all() {
+            println!("{:<16} {}", w.name(), w.about());
+            println!("{:<16} full: {}; --quick: {}", "", w.size(false), w.size(true));
+        }
+        return Ok(());
+    }
+    let workloads = chosen_workloads(&args.workloads)?;
+    let mut targets = Vec::new();
+    let mut skipped = Vec::new();
+    for name in &args.targets {
+        let target = Target::parse(name).ok_or_else(|| {
+            BenchError(format!("unknown target '{name}' (known: uext4, uext4-fuse, kernel, fuse2fs)"))
+        })?;
+        match target.unavailable_because() {
+            None => targets.push(target),
+            Some(reason) => {
+                eprintln!("skipping target {}: {reason}", target.name());
+                skipped.push(Skipped { target, reason });
+            }
+        }
+    }
+    if !targets.contains(&Target::Uext4) {
+        return Err(BenchError("the uext4 target must be among --targets: ratios are taken against it".into()));
+    }
+    if args.runs == 0 {
+        return Err(BenchError("--runs must be at least 1".into()));
+    }
+    for tool in ["mkfs.ext4", "e2fsck"] {
+        if !target::on_path(tool) {
+            return Err(BenchError(format!("{tool} is needed (Debian package e2fsprogs)")));
+        }
+    }
+    let scratch = match &args.work {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| BenchError(format!("{}: {e}", dir.display())))?;
+            tempfile::tempdir_in(dir)
+        }
+        None => tempfile::tempdir(),
+    }
+    .map_err(|e| BenchError(format!("making a work directory: {e}")))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError(format!("{}: {e}", args.out.display())))?;
+
+    let mut results = Results {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        machine: machine_description(),
+        quick: args.quick,
+        runs: args.runs,
+        mkfs: format!("mkfs.ext4 {} IMAGE SIZE", MKFS_ARGS.join(" ")),
+        targets: targets.clone(),
+        skipped,
+        workloads: Vec::new(),
+        samples: Vec::new(),
+    };
+    let total = workloads.len() * args.runs * targets.len();
+    let mut done = 0;
+    let started = Instant::now();
+    for w in workloads {
+        let input = scratch.path().join(format!("input-{}", w.name()));
+        std::fs::create_dir_all(&input).map_err(|e| BenchError(format!("{}: {e}", input.display())))?;
+        w.prepare(args.quick, &input)?;
+        results.workloads.push(WorkloadInfo {
+            name: w.name().into(),
+            about: w.about().into(),
+            size: w.size(args.quick),
+            image_mb: w.image_mb(args.quick),
+        });
+        for run in 0..args.runs {
+            for k in 0..targets.len() {
+                let target = targets[(k + run) % targets.len()];
+                done += 1;
+                let samples = run_once(w, args.quick, target, run, &input, scratch.path())?;
+                let phases: Vec<String> = samples.iter().map(|s| format!("{} {:.3} s", s.phase, s.wall_s)).collect();
+                eprintln!(
+                    "[{done}/{total} {:.0}s] {} on {} (run {}): {}",
+                    started.elapsed().as_secs_f64(),
+                    w.name(),
+                    target.name(),
+                    run + 1,
+                    phases.join(", ")
+                );
+                results.samples.extend(samples);
+            }
+        }
+        std::fs::remove_dir_all(&input).map_err(|e| BenchError(format!("{}: {e}", input.display())))?;
+    }
+    write_outputs(&results, &args.out)
+}
+
+fn chosen_workloads(names: &[String]) -> Result<Vec<&'static dyn Workload>, BenchError> {
+    if names.iter().any(|n| n == "all") {
+        return Ok(workload::all());
+    }
+    let mut out: Vec<&'static dyn Workload> = Vec::new();
+    for name in names {
+        let w = workload::by_name(name)
+            .ok_or_else(|| BenchError(format!("unknown workload '{name}' (see `uext4 bench list`)")))?;
+        if !out.iter().any(|o| o.name() == w.name()) {
+            out.push(w);
+        }
+    }
+    Ok(out)
+}
+
+/// The same for every target: 4 KiB blocks, everything else mke2fs.conf's ext4 defaults.
+const MKFS_ARGS: [&str; 4] = ["-F", "-q", "-b", "4096"];
+
+fn run_once(
+    w: &dyn Workload,
+    quick: bool,
+    target: Target,
+    run: usize,
+    input: &Path,
+    scratch: &Path,
+) -> Result<Vec<Sample>, BenchError> {
+    let image = scratch.join("image.ext4");
+    let mountpoint = scratch.join("mnt");
+    let _ = std::fs::remove_file(&image);
+    std::fs::create_dir_all(&mountpoint).map_err(|e| BenchError(format!("{}: {e}", mountpoint.display())))?;
+    run_tool(Command::new("mkfs.ext4").args(MKFS_ARGS).arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
+    let session = target.attach(&image, &mountpoint)?;
+    let mut runner = Runner { session: Some(session), workload: w.name(), target, run, samples: Vec::new() };
+    let outcome = w.run(quick, input, &mut runner);
+    let finished = runner.session.take().map(|s| s.finish()).unwrap_or(Ok(()));
+    outcome.map_err(|e| BenchError(format!("{} on {}: {e}", w.name(), target.name())))?;
+    finished?;
+    let check = Command::new("e2fsck").args(["-fn"]).arg(&image).output();
+    match check {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            return Err(BenchError(format!(
+                "e2fsck -fn finds errors in the image {} left after {}:\n{}",
+                target.name(),
+                w.name(),
+                String::from_utf8_lossy(&out.stdout)
+            )))
+        }
+        Err(e) => return Err(BenchError(format!("running e2fsck: {e}"))),
+    }
+    std::fs::remove_file(&image).map_err(|e| BenchError(format!("{}: {e}", image.display())))?;
+    Ok(runner.samples)
+}
+
+/// Carries out a workload's phases on one session and records them.
+struct Runner {
+    session: Option<Box<dyn Session>>,
+    workload: &'static str,
+    target: Target,
+    run: usize,
+    samples: Vec<Sample>,
+}
+
+impl Runner {
+    fn session(&mut self) -> &mut Box<dyn Session> {
+        self.session.as_mut().expect("session is present until the run finishes")
+    }
+}
+
+fn device_delta(after: uext4::dev::IoStats, before: uext4::dev::IoStats) -> DeviceFigures {
+    DeviceFigures {
+        reads: after.reads - before.reads,
+        read_bytes: after.read_bytes - before.read_bytes,
+        writes: after.writes - before.writes,
+        write_bytes: after.write_bytes - before.write_bytes,
+        flushes: after.flushes - before.flushes,
+    }
+}
+
+impl Phases for Runner {
+    fn timed(
+        &mut self,
+        name: &str,
+        ops: u64,
+        body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<()>,
+    ) -> Result<(), BenchError> {
+        let session = self.session();
+        let usage_before = own_usage() + session.helper_usage();
+        let device_before = session.io_stats();
+        let clock = Instant::now();
+        body(session.ops())
+            .and_then(|()| session.ops().sync())
+            .map_err(|e| BenchError(format!("phase {name}: {e}")))?;
+        let wall_s = clock.elapsed().as_secs_f64();
+        let usage = own_usage() + session.helper_usage() - usage_before;
+        let device = session.io_stats().zip(device_before).map(|(after, before)| device_delta(after, before));
+        self.samples.push(Sample {
+            workload: self.workload.into(),
+            phase: name.into(),
+            target: self.target,
+            run: self.run,
+            ops,
+            wall_s,
+            ops_per_s: ops as f64 / wall_s.max(1e-9),
+            cpu_s: usage.cpu_s,
+            voluntary_switches: usage.voluntary_switches,
+            involuntary_switches: usage.involuntary_switches,
+            device,
+        });
+        Ok(())
+    }
+
+    fn untimed(&mut self, body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<()>) -> Result<(), BenchError> {
+        let session = self.session();
+        body(session.ops()).and_then(|()| session.ops().sync()).map_err(|e| BenchError(format!("set-up: {e}")))
+    }
+
+    fn restart(&mut self) -> Result<(), BenchError> {
+        self.session().restart()
+    }
+}
+
+fn machine_description() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<f64>().ok()))
+        .map(|kib| kib / 1048576.0)
+        .unwrap_or(0.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let e2fsprogs = Command::new("mkfs.ext4")
+        .arg("-V")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("").trim().to_string())
+        .unwrap_or_default();
+    format!("{cpus} CPUs, {mem_gib:.0} GiB, Linux {}, {e2fsprogs}", kernel.trim())
+}
+
+fn write_outputs(results: &Results, out: &Path) -> Result<(), BenchError> {
+    let write = |name: &str, data: &[u8]| {
+        let path = out.join(name);
+        std::fs::write(&path, data).map_err(|e| BenchError(format!("{}: {e}", path.display())))
+    };
+    let json = serde_json::to_vec_pretty(results).map_err(|e| BenchError(format!("encoding results: {e}")))?;
+    write("results.json", &json)?;
+    let markdown = results.markdown();
+    write("results.md", markdown.as_bytes())?;
+    match report::load_font() {
+        Ok(()) => {
+            for w in &results.workloads {
+                results.plot(&w.name, &out.join(format!("{}.png", w.name)))?;
+            }
+        }
+        Err(why) => eprintln!("plots not drawn: {why}"),
+    }
+    println!("{markdown}");
+    eprintln!("results, JSON and plots are in {}", out.display());
+    Ok(())
+}

@@ -59,6 +59,8 @@ enum Command {
     Getfattr(cmd_edit::GetfattrArgs),
     /// Build a fresh image in a temporary directory, fill it, check it with e2fsck
     Demo(demo::DemoArgs),
+    /// Run workloads side by side on uext4, the kernel's ext4 and fuse2fs (`bench list` shows them)
+    Bench(uext4_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +83,7 @@ fn main() -> ExitCode {
         Command::Setfattr(a) => cmd_edit::setfattr(a),
         Command::Getfattr(a) => cmd_edit::getfattr(a),
         Command::Demo(a) => demo::run(a),
+        Command::Bench(a) => uext4_bench::run(&a).map_err(|e| uext4::Error::Invalid(e.0)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

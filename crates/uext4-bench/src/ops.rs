@@ -1,0 +1,229 @@
+//! The filesystem operations a workload may use, and two ways to carry them out:
+//! through uext4's library calls, or through POSIX calls on a mounted directory
+//! (the kernel's ext4, fuse2fs, uext4's own FUSE mount).
+//!
+//! Workloads are written once against `FsOps`, so every target runs exactly the
+//! same sequence of operations. Paths are relative to the filesystem's root and
+//! use '/' separators.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use uext4::format::inode::Timestamp;
+use uext4::{Filesystem, Owner, SetAttr};
+
+pub trait FsOps: Send + Sync {
+    fn mkdir(&self, path: &str, perm: u32) -> io::Result<()>;
+    /// Creates a new file (failing if it exists) and opens it for writing.
+    fn create(&self, path: &str, perm: u32) -> io::Result<Box<dyn FileOps>>;
+    fn open(&self, path: &str) -> io::Result<Box<dyn FileOps>>;
+    /// lstat; returns the size.
+    fn stat(&self, path: &str) -> io::Result<u64>;
+    fn unlink(&self, path: &str) -> io::Result<()>;
+    fn symlink(&self, target: &str, path: &str) -> io::Result<()>;
+    fn set_mtime(&self, path: &str, secs: i64) -> io::Result<()>;
+    /// Makes everything written so far durable on the image.
+    fn sync(&self) -> io::Result<()>;
+}
+
+pub trait FileOps: Send {
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()>;
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    fn fsync(&mut self) -> io::Result<()>;
+}
+
+/// Keeps uext4's message and gives the error the kind its errno maps to.
+fn to_io(e: uext4::Error) -> io::Error {
+    io::Error::new(io::Error::from_raw_os_error(e.errno()).kind(), e.to_string())
+}
+
+/// uext4's library, called directly in this process.
+pub struct Uext4Ops {
+    pub fs: Arc<Filesystem>,
+}
+
+const ROOT: Owner = Owner { uid: 0, gid: 0 };
+
+impl Uext4Ops {
+    fn parent_and_name<'a>(&self, path: &'a str) -> io::Result<(u32, &'a str)> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        Ok((self.fs.lookup_path(format!("/{dir}").as_bytes()).map_err(to_io)?, name))
+    }
+
+    fn ino(&self, path: &str) -> io::Result<u32> {
+        self.fs.lookup_path(format!("/{path}").as_bytes()).map_err(to_io)
+    }
+
+    fn handle(&self, ino: u32) -> io::Result<Box<dyn FileOps>> {
+        self.fs.open_inode(ino).map_err(to_io)?;
+        Ok(Box::new(Uext4File { fs: self.fs.clone(), ino }))
+    }
+}
+
+impl FsOps for Uext4Ops {
+    fn mkdir(&self, path: &str, perm: u32) -> io::Result<()> {
+        let (parent, name) = self.parent_and_name(path)?;
+        self.fs.mkdir(parent, name.as_bytes(), perm as u16, ROOT).map_err(to_io).map(drop)
+    }
+
+    fn create(&self, path: &str, perm: u32) -> io::Result<Box<dyn FileOps>> {
+        let (parent, name) = self.parent_and_name(path)?;
+        let st = self.fs.create(parent, name.as_bytes(), perm as u16, ROOT).map_err(to_io)?;
+        self.handle(st.ino)
+    }
+
+    fn open(&self, path: &str) -> io::Result<Box<dyn FileOps>> {
+        let ino = self.ino(path)?;
+        self.handle(ino)
+    }
+
+    fn stat(&self, path: &str) -> io::Result<u64> {
+        Ok(self.fs.stat(self.ino(path)?).map_err(to_io)?.size)
+    }
+
+    fn unlink(&self, path: &str) -> io::Result<()> {
+        let (parent, name) = self.parent_and_name(path)?;
+        self.fs.unlink(parent, name.as_bytes()).map_err(to_io)
+    }
+
+    fn symlink(&self, target: &str, path: &str) -> io::Result<()> {
+        let (parent, name) = self.parent_and_name(path)?;
+        self.fs.symlink(parent, name.as_bytes(), target.as_bytes(), ROOT).map_err(to_io).map(drop)
+    }
+
+    fn set_mtime(&self, path: &str, secs: i64) -> io::Result<()> {
+        let attr = SetAttr { mtime: Some(Timestamp { sec: secs, nsec: 0 }), ..Default::default() };
+        self.fs.setattr(self.ino(path)?, &attr).map_err(to_io).map(drop)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.fs.sync().map_err(to_io)
+    }
+}
+
+struct Uext4File {
+    fs: Arc<Filesystem>,
+    ino: u32,
+}
+
+impl FileOps for Uext4File {
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            done += self.fs.write(self.ino, offset + done as u64, &data[done..]).map_err(to_io)?;
+        }
+        Ok(())
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.fs.read(self.ino, offset, buf).map_err(to_io)
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.fs.setattr(self.ino, &SetAttr { size: Some(len), ..Default::default() }).map_err(to_io).map(drop)
+    }
+
+    /// Until uext4 writes through its journal, the only way to make one file's
+    /// change durable is to flush the whole filesystem (fuse2fs does the same).
+    fn fsync(&mut self) -> io::Result<()> {
+        self.fs.sync().map_err(to_io)
+    }
+}
+
+impl Drop for Uext4File {
+    fn drop(&mut self) {
+        let _ = self.fs.close_inode(self.ino);
+    }
+}
+
+/// POSIX calls below a mount point.
+pub struct PosixOps {
+    pub root: PathBuf,
+    /// A FUSE daemon may ignore syncfs (fuse2fs does); fsync of a file reaches it.
+    pub sync_through_file: bool,
+}
+
+impl PosixOps {
+    fn at(&self, path: &str) -> PathBuf {
+        self.root.join(path)
+    }
+}
+
+impl FsOps for PosixOps {
+    fn mkdir(&self, path: &str, perm: u32) -> io::Result<()> {
+        std::fs::create_dir(self.at(path))?;
+        std::fs::set_permissions(self.at(path), std::fs::Permissions::from_mode(perm))
+    }
+
+    fn create(&self, path: &str, perm: u32) -> io::Result<Box<dyn FileOps>> {
+        let file =
+            std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(perm).open(self.at(path))?;
+        Ok(Box::new(PosixFile(file)))
+    }
+
+    fn open(&self, path: &str) -> io::Result<Box<dyn FileOps>> {
+        Ok(Box::new(PosixFile(std::fs::OpenOptions::new().read(true).write(true).open(self.at(path))?)))
+    }
+
+    fn stat(&self, path: &str) -> io::Result<u64> {
+        Ok(std::fs::symlink_metadata(self.at(path))?.len())
+    }
+
+    fn unlink(&self, path: &str) -> io::Result<()> {
+        std::fs::remove_file(self.at(path))
+    }
+
+    fn symlink(&self, target: &str, path: &str) -> io::Result<()> {
+        std::os::unix::fs::symlink(target, self.at(path))
+    }
+
+    fn set_mtime(&self, path: &str, secs: i64) -> io::Result<()> {
+        let c_path = std::ffi::CString::new(self.at(path).into_os_string().into_encoded_bytes())
+            .map_err(|_| io::Error::other("a path holds a NUL byte"))?;
+        let times = [
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+            libc::timespec { tv_sec: secs as libc::time_t, tv_nsec: 0 },
+        ];
+        // SAFETY: a NUL-terminated path and an array of two timespecs.
+        if unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let dir = File::open(&self.root)?;
+        // SAFETY: a valid open descriptor.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if self.sync_through_file {
+            let marker = self.root.join(".bench-sync");
+            File::options().write(true).create(true).truncate(false).open(marker)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+struct PosixFile(File);
+
+impl FileOps for PosixFile {
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_all_at(data, offset)
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        FileExt::read_at(&self.0, buf, offset)
+    }
+
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    fn fsync(&mut self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+}

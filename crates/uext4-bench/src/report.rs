@@ -1,0 +1,345 @@
+//! Turning samples into results: medians and spread per workload phase and
+//! target, each target's time relative to uext4's measured pair by pair, a
+//! markdown table per workload, JSON with every sample, and a PNG per workload.
+
+use crate::target::Target;
+use crate::BenchError;
+use plotters::prelude::*;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One timed phase of one run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Sample {
+    pub workload: String,
+    pub phase: String,
+    pub target: Target,
+    /// Which repetition; runs of all targets in one repetition form a pair with uext4's.
+    pub run: usize,
+    pub ops: u64,
+    pub wall_s: f64,
+    pub ops_per_s: f64,
+    /// This process plus a FUSE daemon, user and system.
+    pub cpu_s: f64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    /// uext4's device layer during the phase.
+    pub device: Option<DeviceFigures>,
+}
+
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DeviceFigures {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub flushes: u64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Skipped {
+    pub target: Target,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WorkloadInfo {
+    pub name: String,
+    pub about: String,
+    pub size: String,
+    pub image_mb: u64,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Results {
+    pub command: String,
+    pub machine: String,
+    pub quick: bool,
+    pub runs: usize,
+    pub mkfs: String,
+    pub targets: Vec<Target>,
+    pub skipped: Vec<Skipped>,
+    pub workloads: Vec<WorkloadInfo>,
+    pub samples: Vec<Sample>,
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// Figures of one target in one phase.
+pub struct Summary {
+    pub target: Target,
+    pub wall: Vec<f64>,
+    pub median_wall: f64,
+    pub median_ops_per_s: f64,
+    pub median_cpu: f64,
+    pub median_voluntary: f64,
+    /// Median over runs of (this target's time / uext4's time in the same run).
+    pub ratio_to_uext4: Option<f64>,
+    pub device: Option<DeviceFigures>,
+}
+
+impl Results {
+    /// Phases of a workload in the order they ran.
+    pub fn phases(&self, workload: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in self.samples.iter().filter(|s| s.workload == workload) {
+            if !out.contains(&s.phase) {
+                out.push(s.phase.clone());
+            }
+        }
+        out
+    }
+
+    pub fn summarize(&self, workload: &str, phase: &str) -> Vec<Summary> {
+        let of = |t: Target| -> Vec<&Sample> {
+            self.samples.iter().filter(|s| s.workload == workload && s.phase == phase && s.target == t).collect()
+        };
+        let baseline = of(Target::Uext4);
+        let mut out = Vec::new();
+        for &target in &self.targets {
+            let samples = of(target);
+            if samples.is_empty() {
+                continue;
+            }
+            let pick = |f: &dyn Fn(&Sample) -> f64| median(&mut samples.iter().map(|s| f(s)).collect::<Vec<_>>());
+            let mut ratios: Vec<f64> = samples
+                .iter()
+                .filter_map(|s| baseline.iter().find(|b| b.run == s.run).map(|b| s.wall_s / b.wall_s))
+                .collect();
+            let device = samples.iter().filter_map(|s| s.device).collect::<Vec<_>>();
+            let device_median = (!device.is_empty()).then(|| {
+                let m = |f: &dyn Fn(&DeviceFigures) -> u64| {
+                    median(&mut device.iter().map(|d| f(d) as f64).collect::<Vec<_>>()) as u64
+                };
+                DeviceFigures {
+                    reads: m(&|d| d.reads),
+                    read_bytes: m(&|d| d.read_bytes),
+                    writes: m(&|d| d.writes),
+                    write_bytes: m(&|d| d.write_bytes),
+                    flushes: m(&|d| d.flushes),
+                }
+            });
+            out.push(Summary {
+                target,
+                wall: samples.iter().map(|s| s.wall_s).collect(),
+                median_wall: pick(&|s| s.wall_s),
+                median_ops_per_s: pick(&|s| s.ops_per_s),
+                median_cpu: pick(&|s| s.cpu_s),
+                median_voluntary: pick(&|s| s.voluntary_switches as f64),
+                ratio_to_uext4: (!ratios.is_empty()).then(|| median(&mut ratios)),
+                device: device_median,
+            });
+        }
+        out
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "Command: `{}`  ", self.command);
+        let _ = writeln!(md, "Machine: {}  ", self.machine);
+        let _ = writeln!(md, "Images: `{}`, a fresh one for every run  ", self.mkfs);
+        let _ = writeln!(md, "Runs: {} per target, interleaved; figures are medians.", self.runs);
+        for skip in &self.skipped {
+            let _ = writeln!(md, "\nSkipped **{}**: {}.", skip.target.name(), skip.reason);
+        }
+        for w in &self.workloads {
+            let _ = writeln!(md, "\n### {}: {}\n\n{}; {} MiB image.\n", w.name, w.about, w.size, w.image_mb);
+            let _ = writeln!(
+                md,
+                "| phase | target | median s | min..max s | ops/s | CPU s | vol. switches | time / uext4's |"
+            );
+            let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+            let mut device_lines = Vec::new();
+            for phase in self.phases(&w.name) {
+                for s in self.summarize(&w.name, &phase) {
+                    let (lo, hi) = s.wall.iter().fold((f64::MAX, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                    let ratio = s.ratio_to_uext4.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
+                    let _ = writeln!(
+                        md,
+                        "| {phase} | {} | {:.3} | {lo:.3}..{hi:.3} | {:.0} | {:.3} | {:.0} | {ratio} |",
+                        s.target.name(),
+                        s.median_wall,
+                        s.median_ops_per_s,
+                        s.median_cpu,
+                        s.median_voluntary
+                    );
+                    if let Some(d) = s.device {
+                        device_lines.push(format!(
+                            "{phase}: {} writes ({:.1} MiB), {} reads ({:.1} MiB), {} flushes",
+                            d.writes,
+                            d.write_bytes as f64 / 1048576.0,
+                            d.reads,
+                            d.read_bytes as f64 / 1048576.0,
+                            d.flushes
+                        ));
+                    }
+                }
+            }
+            if !device_lines.is_empty() {
+                let _ = writeln!(md, "\nuext4's device requests (median per run): {}.", device_lines.join("; "));
+            }
+        }
+        md
+    }
+
+    /// One PNG per workload: a panel per phase, a bar per target at its median
+    /// time, the spread as an error bar and every run as a dot.
+    pub fn plot(&self, workload: &str, path: &Path) -> Result<(), BenchError> {
+        let phases = self.phases(workload);
+        if phases.is_empty() {
+            return Ok(());
+        }
+        let plot_err = |e: &dyn std::fmt::Display| BenchError(format!("plotting {}: {e}", path.display()));
+        let width = (330 * phases.len() as u32 + 40).max(620);
+        let root = BitMapBackend::new(path, (width, 400)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| plot_err(&e))?;
+        let root = root
+            .titled(
+                &format!("{workload}: seconds per phase (bar: median, line: min..max, dots: runs)"),
+                ("sans-serif", 15),
+            )
+            .map_err(|e| plot_err(&e))?;
+        for (panel, phase) in root.split_evenly((1, phases.len())).iter().zip(&phases) {
+            let summaries = self.summarize(workload, phase);
+            let n = summaries.len() as u32;
+            let top = summaries.iter().flat_map(|s| s.wall.iter().copied()).fold(0f64, f64::max).max(1e-6) * 1.15;
+            let names: Vec<&str> = summaries.iter().map(|s| s.target.name()).collect();
+            let mut chart = ChartBuilder::on(panel)
+                .caption(phase, ("sans-serif", 16))
+                .margin(8)
+                .x_label_area_size(28)
+                .y_label_area_size(52)
+                // A segmented range a..b has a segment for b as well, so stop one short.
+                .build_cartesian_2d((0u32..n.saturating_sub(1).max(1)).into_segmented(), 0f64..top)
+                .map_err(|e| plot_err(&e))?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .light_line_style(TRANSPARENT)
+                .y_desc("seconds")
+                .x_label_formatter(&|v| match v {
+                    SegmentValue::CenterOf(i) => names.get(*i as usize).map(|s| s.to_string()).unwrap_or_default(),
+                    _ => String::new(),
+                })
+                .draw()
+                .map_err(|e| plot_err(&e))?;
+            for (i, s) in summaries.iter().enumerate() {
+                let color = Palette99::pick(s.target as usize);
+                chart
+                    .draw_series(
+                        Histogram::vertical(&chart)
+                            .style(color.mix(0.6).filled())
+                            .margin(14)
+                            .data([(i as u32, s.median_wall)]),
+                    )
+                    .map_err(|e| plot_err(&e))?;
+                let (lo, hi) = s.wall.iter().fold((f64::MAX, 0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                chart
+                    .draw_series([ErrorBar::new_vertical(
+                        SegmentValue::CenterOf(i as u32),
+                        lo,
+                        s.median_wall,
+                        hi,
+                        BLACK.stroke_width(2),
+                        12,
+                    )])
+                    .map_err(|e| plot_err(&e))?;
+                chart
+                    .draw_series(
+                        s.wall.iter().map(|&v| Circle::new((SegmentValue::CenterOf(i as u32), v), 2, BLACK.filled())),
+                    )
+                    .map_err(|e| plot_err(&e))?;
+            }
+        }
+        root.present().map_err(|e| plot_err(&e))
+    }
+}
+
+/// Lets plotters draw text: it brings no font of its own.
+pub fn load_font() -> Result<(), String> {
+    const CANDIDATES: [&str; 3] = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    ];
+    let path = CANDIDATES
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .ok_or("no DejaVuSans.ttf found (Debian package fonts-dejavu-core)")?;
+    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into_boxed_slice()))
+        .map_err(|_| format!("{path} is not a usable font"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(target: Target, run: usize, wall_s: f64) -> Sample {
+        Sample {
+            workload: "w".into(),
+            phase: "p".into(),
+            target,
+            run,
+            ops: 10,
+            wall_s,
+            ops_per_s: 10.0 / wall_s,
+            cpu_s: 0.0,
+            voluntary_switches: 0,
+            involuntary_switches: 0,
+            device: None,
+        }
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+    }
+
+    /// The ratio is taken run by run against uext4's run in the same round, so a
+    /// round where the machine was slow for everyone does not skew it.
+    #[test]
+    fn ratios_pair_runs_of_the_same_round() {
+        let results = Results {
+            command: String::new(),
+            machine: String::new(),
+            quick: true,
+            runs: 3,
+            mkfs: String::new(),
+            targets: vec![Target::Uext4, Target::Kernel],
+            skipped: vec![Skipped { target: Target::Fuse2fs, reason: "not here".into() }],
+            workloads: vec![WorkloadInfo { name: "w".into(), about: "a".into(), size: "s".into(), image_mb: 1 }],
+            samples: vec![
+                sample(Target::Uext4, 0, 1.0),
+                sample(Target::Kernel, 0, 2.0),
+                sample(Target::Uext4, 1, 10.0),
+                sample(Target::Kernel, 1, 30.0),
+                sample(Target::Uext4, 2, 2.0),
+                sample(Target::Kernel, 2, 8.0),
+            ],
+        };
+        let summaries = results.summarize("w", "p");
+        assert_eq!(summaries.len(), 2);
+        assert_eq!(summaries[0].ratio_to_uext4, Some(1.0));
+        // Per-round ratios 2, 3 and 4: median 3 (the ratio of medians would be 8/2 = 4).
+        assert_eq!(summaries[1].ratio_to_uext4, Some(3.0));
+        assert_eq!(summaries[1].median_wall, 8.0);
+        let md = results.markdown();
+        assert!(md.contains("Skipped **fuse2fs**: not here."), "{md}");
+        assert!(md.contains("| p | kernel | 8.000 | 2.000..30.000 |"), "{md}");
+        assert!(md.contains("| 3.00x |"), "{md}");
+    }
+}

@@ -1,0 +1,549 @@
+//! The workloads. Each is written once against `FsOps`, so every target runs
+//! the same operations in the same order; each has a full size and a `--quick`
+//! size. A workload is a sequence of timed phases, and between them untimed
+//! steps (making the file a phase overwrites, restarting the target so a read
+//! phase starts cold).
+
+use crate::ops::{FileOps, FsOps};
+use crate::BenchError;
+use std::io;
+use std::path::Path;
+
+/// What a workload gives the harness while it runs: timed phases and untimed steps.
+pub trait Phases {
+    /// Runs `body` as the timed phase `name`, counting `ops` operations; the
+    /// phase ends when the target has made its work durable (`FsOps::sync`).
+    fn timed(
+        &mut self,
+        name: &str,
+        ops: u64,
+        body: &mut dyn FnMut(&dyn FsOps) -> io::Result<()>,
+    ) -> Result<(), BenchError>;
+    /// Runs `body` outside the timing.
+    fn untimed(&mut self, body: &mut dyn FnMut(&dyn FsOps) -> io::Result<()>) -> Result<(), BenchError>;
+    /// Drops the target's caches (unmount and mount, or close and reopen).
+    fn restart(&mut self) -> Result<(), BenchError>;
+}
+
+pub trait Workload: Sync {
+    fn name(&self) -> &'static str;
+    fn about(&self) -> &'static str;
+    /// The size this run uses, in words.
+    fn size(&self, quick: bool) -> String;
+    /// Image size in MiB.
+    fn image_mb(&self, quick: bool) -> u64 {
+        if quick {
+            512
+        } else {
+            4096
+        }
+    }
+    /// Makes input files (a host tree, an archive) under `input`, once per bench run.
+    fn prepare(&self, _quick: bool, _input: &Path) -> Result<(), BenchError> {
+        Ok(())
+    }
+    fn run(&self, quick: bool, input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError>;
+}
+
+pub fn all() -> Vec<&'static dyn Workload> {
+    vec![
+        &SmallFiles,
+        &Tree,
+        &SequentialIo,
+        &RandomWrites { fsync: false },
+        &RandomWrites { fsync: true },
+        &Untar,
+        &Populate,
+    ]
+}
+
+pub fn by_name(name: &str) -> Option<&'static dyn Workload> {
+    all().into_iter().find(|w| w.name() == name)
+}
+
+/// Deterministic pseudo-random numbers (xorshift64*), so every target sees the same offsets.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Contents that differ per file and per block, stamped with `tag` every 4 KiB so
+/// a read can tell a misplaced block.
+pub fn pattern(tag: u64, len: usize) -> Vec<u8> {
+    let mut data: Vec<u8> = (0..len).map(|i| (i as u64).wrapping_mul(31).wrapping_add(tag) as u8).collect();
+    for (k, block) in data.chunks_mut(4096).enumerate() {
+        let stamp = (tag + k as u64).to_le_bytes();
+        let n = block.len().min(8);
+        block[..n].copy_from_slice(&stamp[..n]);
+    }
+    data
+}
+
+fn write_whole(file: &mut dyn FileOps, data: &[u8]) -> io::Result<()> {
+    for (k, chunk) in data.chunks(1 << 20).enumerate() {
+        file.write_at((k << 20) as u64, chunk)?;
+    }
+    Ok(())
+}
+
+/// Create, stat and unlink N small files in one directory.
+struct SmallFiles;
+
+impl SmallFiles {
+    fn count(quick: bool) -> u64 {
+        if quick {
+            4_000
+        } else {
+            20_000
+        }
+    }
+}
+
+const SMALL_FILE: usize = 1024;
+
+impl Workload for SmallFiles {
+    fn name(&self) -> &'static str {
+        "smallfiles"
+    }
+    fn about(&self) -> &'static str {
+        "create, stat and unlink many 1 KiB files in one directory (an htree once it grows)"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!("{} files of {} bytes", Self::count(quick), SMALL_FILE)
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let n = Self::count(quick);
+        let name = |i: u64| format!("small/file-{i:07}");
+        phases.untimed(&mut |fs| fs.mkdir("small", 0o755))?;
+        let body = pattern(7, SMALL_FILE);
+        phases.timed("create", n, &mut |fs| {
+            for i in 0..n {
+                fs.create(&name(i), 0o644)?.write_at(0, &body)?;
+            }
+            Ok(())
+        })?;
+        phases.restart()?;
+        phases.timed("stat", n, &mut |fs| {
+            for i in 0..n {
+                if fs.stat(&name(i))? != SMALL_FILE as u64 {
+                    return Err(io::Error::other(format!("{} has the wrong size", name(i))));
+                }
+            }
+            Ok(())
+        })?;
+        phases.timed("unlink", n, &mut |fs| (0..n).try_for_each(|i| fs.unlink(&name(i))))
+    }
+}
+
+/// A two-level directory tree, then files spread over its leaves round-robin.
+struct Tree;
+
+impl Tree {
+    fn shape(quick: bool) -> (u64, u64) {
+        if quick {
+            (10, 4_000)
+        } else {
+            (20, 20_000)
+        }
+    }
+}
+
+impl Workload for Tree {
+    fn name(&self) -> &'static str {
+        "tree"
+    }
+    fn about(&self) -> &'static str {
+        "mkdir a two-level tree, then create 4 KiB files in its leaf directories round-robin"
+    }
+    fn size(&self, quick: bool) -> String {
+        let (fanout, files) = Self::shape(quick);
+        format!("{} directories ({fanout} x {fanout} leaves), {files} files of 4 KiB", fanout + fanout * fanout)
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let (fanout, files) = Self::shape(quick);
+        phases.timed("mkdir", fanout + fanout * fanout, &mut |fs| {
+            for a in 0..fanout {
+                fs.mkdir(&format!("d{a:02}"), 0o755)?;
+                for b in 0..fanout {
+                    fs.mkdir(&format!("d{a:02}/e{b:02}"), 0o755)?;
+                }
+            }
+            Ok(())
+        })?;
+        let leaves = fanout * fanout;
+        phases.timed("files", files, &mut |fs| {
+            for i in 0..files {
+                let leaf = i % leaves;
+                let path = format!("d{:02}/e{:02}/f{i:07}", leaf / fanout, leaf % fanout);
+                fs.create(&path, 0o644)?.write_at(0, &pattern(i, 4096))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One big file written and read sequentially in 1 MiB requests.
+struct SequentialIo;
+
+impl SequentialIo {
+    fn mib(quick: bool) -> u64 {
+        if quick {
+            128
+        } else {
+            1024
+        }
+    }
+}
+
+impl Workload for SequentialIo {
+    fn name(&self) -> &'static str {
+        "seqio"
+    }
+    fn about(&self) -> &'static str {
+        "write one file sequentially in 1 MiB requests, then (caches dropped) read it back"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!("{} MiB", Self::mib(quick))
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let chunks = Self::mib(quick);
+        let chunk = |k: u64| pattern(k * 256, 1 << 20);
+        // The data is made before the timing, so the phase measures the filesystem.
+        let first = chunk(0);
+        phases.timed("write", chunks, &mut |fs| {
+            let mut file = fs.create("big", 0o644)?;
+            for k in 0..chunks {
+                // Only the 4 KiB stamps differ between chunks; rewrite them in place.
+                let mut data = first.clone();
+                for (b, block) in data.chunks_mut(4096).enumerate() {
+                    block[..8].copy_from_slice(&(k * 256 + b as u64).to_le_bytes());
+                }
+                file.write_at(k << 20, &data)?;
+            }
+            file.fsync()
+        })?;
+        phases.restart()?;
+        phases.timed("read", chunks, &mut |fs| {
+            let mut file = fs.open("big")?;
+            let mut buf = vec![0u8; 1 << 20];
+            for k in 0..chunks {
+                let mut got = 0;
+                while got < buf.len() {
+                    let n = file.read_at((k << 20) + got as u64, &mut buf[got..])?;
+                    if n == 0 {
+                        return Err(io::Error::other("big file ends early"));
+                    }
+                    got += n;
+                }
+                if buf[..8] != (k * 256).to_le_bytes() {
+                    return Err(io::Error::other(format!("big file: MiB {k} holds the wrong data")));
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// 4 KiB writes at random aligned offsets of a sparse file, optionally each followed by fsync.
+struct RandomWrites {
+    fsync: bool,
+}
+
+impl RandomWrites {
+    fn shape(&self, quick: bool) -> (u64, u64) {
+        match (self.fsync, quick) {
+            (false, true) => (4_000, 256),
+            (false, false) => (20_000, 1024),
+            (true, true) => (300, 256),
+            (true, false) => (2_000, 1024),
+        }
+    }
+}
+
+impl Workload for RandomWrites {
+    fn name(&self) -> &'static str {
+        if self.fsync {
+            "randwrite-fsync"
+        } else {
+            "randwrite"
+        }
+    }
+    fn about(&self) -> &'static str {
+        if self.fsync {
+            "4 KiB writes at random offsets of a sparse file, fsync after each"
+        } else {
+            "4 KiB writes at random offsets of a sparse file, one sync at the end"
+        }
+    }
+    fn size(&self, quick: bool) -> String {
+        let (writes, mib) = self.shape(quick);
+        format!("{writes} writes into a {mib} MiB sparse file")
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let (writes, mib) = self.shape(quick);
+        let blocks = mib * 256;
+        phases.untimed(&mut |fs| fs.create("sparse", 0o644)?.set_len(mib << 20))?;
+        let fsync = self.fsync;
+        let block = pattern(3, 4096);
+        phases.timed("write", writes, &mut |fs| {
+            let mut rng = Rng::new(0x5eed);
+            let mut file = fs.open("sparse")?;
+            for _ in 0..writes {
+                file.write_at(rng.below(blocks) * 4096, &block)?;
+                if fsync {
+                    file.fsync()?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A source-like tree: directories, mostly small files with a long tail, a few
+/// symlinks. The same generator feeds the archive and the host tree.
+struct SourceTree {
+    dirs: u64,
+    files: u64,
+}
+
+enum SourceEntry {
+    Dir(String),
+    File(String, usize),
+    Symlink(String, String),
+}
+
+impl SourceTree {
+    fn entries(&self) -> Vec<SourceEntry> {
+        let mut rng = Rng::new(0x7a5);
+        let mut out = Vec::new();
+        let mut dirs = vec![String::from("src")];
+        out.push(SourceEntry::Dir("src".into()));
+        for d in 1..self.dirs {
+            let parent = dirs[rng.below(dirs.len() as u64) as usize].clone();
+            let dir = format!("{parent}/dir{d:04}");
+            out.push(SourceEntry::Dir(dir.clone()));
+            dirs.push(dir);
+        }
+        for f in 0..self.files {
+            let dir = &dirs[rng.below(dirs.len() as u64) as usize];
+            if f % 50 == 49 {
+                out.push(SourceEntry::Symlink(format!("{dir}/link{f:05}"), "../Makefile".into()));
+                continue;
+            }
+            // Mostly a few KiB, one file in 20 up to 256 KiB: the shape of a source tree.
+            let len = if rng.below(20) == 0 { rng.below(256 << 10) } else { 200 + rng.below(12 << 10) };
+            out.push(SourceEntry::File(format!("{dir}/file{f:05}.c"), len as usize));
+        }
+        out
+    }
+}
+
+const SOURCE_MTIME: i64 = 1_700_000_000;
+
+/// Unpack a tar archive of a source-like tree.
+struct Untar;
+
+impl Untar {
+    fn tree(quick: bool) -> SourceTree {
+        if quick {
+            SourceTree { dirs: 120, files: 2_400 }
+        } else {
+            SourceTree { dirs: 800, files: 12_000 }
+        }
+    }
+}
+
+impl Workload for Untar {
+    fn name(&self) -> &'static str {
+        "untar"
+    }
+    fn about(&self) -> &'static str {
+        "unpack a tar archive of a source-like tree (files, directories, symlinks, mtimes)"
+    }
+    fn size(&self, quick: bool) -> String {
+        let t = Self::tree(quick);
+        format!("{} directories, {} files and symlinks", t.dirs, t.files)
+    }
+    fn prepare(&self, quick: bool, input: &Path) -> Result<(), BenchError> {
+        let io_err = |e: io::Error| BenchError(format!("making the source archive: {e}"));
+        let file = std::fs::File::create(input.join("source.tar")).map_err(io_err)?;
+        let mut archive = tar::Builder::new(io::BufWriter::new(file));
+        for (i, entry) in Self::tree(quick).entries().into_iter().enumerate() {
+            let mut header = tar::Header::new_ustar();
+            header.set_mtime(SOURCE_MTIME as u64);
+            match entry {
+                SourceEntry::Dir(path) => {
+                    header.set_entry_type(tar::EntryType::Directory);
+                    header.set_mode(0o755);
+                    header.set_size(0);
+                    archive.append_data(&mut header, path, io::empty()).map_err(io_err)?;
+                }
+                SourceEntry::File(path, len) => {
+                    header.set_entry_type(tar::EntryType::Regular);
+                    header.set_mode(0o644);
+                    header.set_size(len as u64);
+                    archive.append_data(&mut header, path, &pattern(i as u64, len)[..]).map_err(io_err)?;
+                }
+                SourceEntry::Symlink(path, target) => {
+                    header.set_entry_type(tar::EntryType::Symlink);
+                    header.set_mode(0o777);
+                    header.set_size(0);
+                    archive.append_link(&mut header, path, target).map_err(io_err)?;
+                }
+            }
+        }
+        archive.into_inner().and_then(|mut w| io::Write::flush(&mut w)).map_err(io_err)
+    }
+    fn run(&self, quick: bool, input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let count = Self::tree(quick).dirs + Self::tree(quick).files;
+        let archive_path = input.join("source.tar");
+        phases.timed("untar", count, &mut |fs| {
+            let mut archive = tar::Archive::new(io::BufReader::new(std::fs::File::open(&archive_path)?));
+            let mut data = Vec::new();
+            for entry in archive.entries()? {
+                let mut entry = entry?;
+                let path = entry.path()?.to_string_lossy().trim_end_matches('/').to_string();
+                let mode = entry.header().mode()?;
+                match entry.header().entry_type() {
+                    tar::EntryType::Directory => fs.mkdir(&path, mode)?,
+                    tar::EntryType::Symlink => {
+                        let target = entry.link_name()?.unwrap_or_default().to_string_lossy().into_owned();
+                        fs.symlink(&target, &path)?;
+                        continue;
+                    }
+                    _ => {
+                        data.clear();
+                        io::Read::read_to_end(&mut entry, &mut data)?;
+                        write_whole(&mut *fs.create(&path, mode)?, &data)?;
+                    }
+                }
+                fs.set_mtime(&path, entry.header().mtime()? as i64)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Copy a host directory tree into the image (the write path's benchmark).
+struct Populate;
+
+impl Populate {
+    fn tree(quick: bool) -> SourceTree {
+        if quick {
+            SourceTree { dirs: 100, files: 2_400 }
+        } else {
+            SourceTree { dirs: 400, files: 20_000 }
+        }
+    }
+}
+
+impl Workload for Populate {
+    fn name(&self) -> &'static str {
+        "populate"
+    }
+    fn about(&self) -> &'static str {
+        "copy a host directory tree into the image (read host files, mkdir, create, write)"
+    }
+    fn size(&self, quick: bool) -> String {
+        let t = Self::tree(quick);
+        format!("{} directories, {} files and symlinks", t.dirs, t.files)
+    }
+    fn prepare(&self, quick: bool, input: &Path) -> Result<(), BenchError> {
+        let io_err = |e: io::Error| BenchError(format!("making the host tree: {e}"));
+        let root = input.join("tree");
+        for (i, entry) in Self::tree(quick).entries().into_iter().enumerate() {
+            match entry {
+                SourceEntry::Dir(path) => std::fs::create_dir_all(root.join(path)).map_err(io_err)?,
+                SourceEntry::File(path, len) => {
+                    std::fs::write(root.join(path), pattern(i as u64, len)).map_err(io_err)?
+                }
+                SourceEntry::Symlink(path, target) => {
+                    std::os::unix::fs::symlink(target, root.join(path)).map_err(io_err)?
+                }
+            }
+        }
+        Ok(())
+    }
+    fn run(&self, quick: bool, input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let t = Self::tree(quick);
+        let root = input.join("tree");
+        phases.timed("copy", t.dirs + t.files, &mut |fs| copy_tree(fs, &root, "src"))
+    }
+}
+
+fn copy_tree(fs: &dyn FsOps, host: &Path, to: &str) -> io::Result<()> {
+    fs.mkdir(to, 0o755)?;
+    let mut entries: Vec<_> = std::fs::read_dir(host.join(to))?.collect::<io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let name = format!("{to}/{}", entry.file_name().to_string_lossy());
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            copy_tree(fs, host, &name)?;
+        } else if kind.is_symlink() {
+            fs.symlink(&std::fs::read_link(entry.path())?.to_string_lossy(), &name)?;
+        } else {
+            write_whole(&mut *fs.create(&name, 0o644)?, &std::fs::read(entry.path())?)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_stamps_every_block_and_differs_by_tag() {
+        let a = pattern(100, 3 * 4096 + 5);
+        assert_eq!(a.len(), 3 * 4096 + 5);
+        for k in 0..3 {
+            assert_eq!(a[k * 4096..k * 4096 + 8], (100 + k as u64).to_le_bytes());
+        }
+        assert_eq!(a[3 * 4096..], (103u64).to_le_bytes()[..5]);
+        assert_ne!(pattern(1, 4096), pattern(2, 4096));
+    }
+
+    #[test]
+    fn workload_names_are_unique_and_found() {
+        let names: Vec<&str> = all().iter().map(|w| w.name()).collect();
+        for name in &names {
+            assert_eq!(names.iter().filter(|n| *n == name).count(), 1);
+            assert_eq!(by_name(name).map(|w| w.name()), Some(*name));
+        }
+        assert!(by_name("nonesuch").is_none());
+    }
+
+    #[test]
+    fn source_tree_places_every_entry_in_an_earlier_directory() {
+        let entries = SourceTree { dirs: 30, files: 500 }.entries();
+        let mut dirs = std::collections::HashSet::new();
+        for e in &entries {
+            let path = match e {
+                SourceEntry::Dir(p) | SourceEntry::File(p, _) | SourceEntry::Symlink(p, _) => p,
+            };
+            if let Some((parent, _)) = path.rsplit_once('/') {
+                assert!(dirs.contains(parent), "{path} comes before its directory");
+            }
+            if let SourceEntry::Dir(p) = e {
+                dirs.insert(p.clone());
+            }
+        }
+        assert_eq!(dirs.len(), 30);
+        assert_eq!(entries.len(), 530);
+    }
+}

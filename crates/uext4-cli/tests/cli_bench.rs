@@ -1,0 +1,121 @@
+//! `uext4 bench` as CI runs it: the whole `--quick` set once, on every target
+//! this machine has. Speed is never judged here; what is checked is that every
+//! workload ran on every available target the promised number of times (each
+//! run's image passed e2fsck -fn inside the harness, or the command fails), that
+//! unavailable targets are reported with a reason, and that the JSON, the
+//! markdown tables and the PNG plots are all written.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Command, Output};
+
+fn uext4(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uext4")).args(args).output().expect("run uext4")
+}
+
+fn oracles_required() -> bool {
+    std::env::var("UEXT4_REQUIRE_ORACLES").as_deref() == Ok("1")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+fn workload_names() -> Vec<String> {
+    let out = uext4(&["bench", "list"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn bench_refuses_unknown_names_in_one_line() {
+    for args in [&["bench", "nosuchworkload"][..], &["bench", "smallfiles", "--targets", "uext4,zfs"]] {
+        let out = uext4(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("unknown"), "{err}");
+    }
+    let out = uext4(&["bench", "smallfiles", "--targets", "kernel"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("uext4 target must be"));
+}
+
+#[test]
+fn quick_bench_runs_every_workload_on_every_available_target() {
+    if !have("mkfs.ext4") {
+        assert!(!oracles_required(), "e2fsprogs is required");
+        eprintln!("SKIPPED: the bench needs mkfs.ext4 and e2fsck");
+        return;
+    }
+    let names = workload_names();
+    for expected in ["smallfiles", "tree", "seqio", "randwrite", "randwrite-fsync", "untar", "populate"] {
+        assert!(names.iter().any(|n| n == expected), "bench list lacks {expected}: {names:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = uext4(&["bench", "all", "--quick", "--out", out_dir.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "uext4 bench all --quick failed:\n{stderr}");
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    let runs = json["runs"].as_u64().unwrap();
+    assert_eq!(runs, 3);
+    let targets: BTreeSet<String> =
+        json["targets"].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect();
+    let skipped: BTreeMap<String, String> = json["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["target"].as_str().unwrap().to_string(), s["reason"].as_str().unwrap().to_string()))
+        .collect();
+    // Every target the command was asked for is either measured or skipped with a reason.
+    for t in ["uext4", "uext4-fuse", "kernel", "fuse2fs"] {
+        assert!(targets.contains(t) != skipped.contains_key(t), "{t}: targets {targets:?}, skipped {skipped:?}");
+        if let Some(reason) = skipped.get(t) {
+            assert!(!reason.is_empty());
+            assert!(stderr.contains(&format!("skipping target {t}: {reason}")), "{stderr}");
+        }
+    }
+    assert!(targets.contains("uext4"));
+    for t in ["kernel", "fuse2fs"] {
+        if !targets.contains(t) {
+            assert!(!oracles_required(), "target {t} was skipped: {}", skipped[t]);
+            eprintln!("NOTE: target {t} skipped here: {}", skipped[t]);
+        }
+    }
+
+    // Per workload and phase, each target ran `runs` times with positive figures.
+    let mut seen: BTreeMap<(String, String, String), BTreeSet<u64>> = BTreeMap::new();
+    for s in json["samples"].as_array().unwrap() {
+        assert!(s["wall_s"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(s["ops"].as_u64().unwrap() > 0, "{s}");
+        assert!(s["cpu_s"].as_f64().unwrap() >= 0.0, "{s}");
+        let target = s["target"].as_str().unwrap().to_string();
+        // uext4's device figures are reported; other targets have none.
+        assert_eq!(s["device"].is_object(), target == "uext4", "{s}");
+        let key = (s["workload"].as_str().unwrap().to_string(), s["phase"].as_str().unwrap().to_string(), target);
+        seen.entry(key).or_default().insert(s["run"].as_u64().unwrap());
+    }
+    let markdown = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    for w in &names {
+        let phases: BTreeSet<&String> = seen.keys().filter(|k| &k.0 == w).map(|k| &k.1).collect();
+        assert!(!phases.is_empty(), "workload {w} has no samples");
+        for phase in phases {
+            for t in &targets {
+                let runs_seen = seen.get(&(w.clone(), phase.clone(), t.clone())).cloned().unwrap_or_default();
+                assert_eq!(runs_seen, (0..runs).collect::<BTreeSet<u64>>(), "{w}/{phase} on {t}");
+                assert!(markdown.contains(&format!("| {phase} | {t} |")), "results.md lacks {w}/{phase}/{t}");
+            }
+        }
+        assert!(markdown.contains(&format!("### {w}:")), "results.md lacks a table for {w}");
+        let png = std::fs::read(out_dir.join(format!("{w}.png"))).unwrap_or_else(|e| panic!("{w}.png: {e}"));
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 5_000, "{w}.png is not a drawn plot");
+    }
+    // The ratio column exists and uext4's own ratio is exactly 1.
+    assert!(markdown.contains("| time / uext4's |"));
+    assert!(markdown.lines().filter(|l| l.contains("| uext4 |")).all(|l| l.ends_with("| 1.00x |")), "{markdown}");
+}
