@@ -52,11 +52,20 @@ pub struct Options {
     pub cache_mb: usize,
     /// Inodes kept parsed in memory.
     pub inode_cache_entries: usize,
+    /// The running transaction commits once it is this old (checked when the
+    /// next change starts), as the kernel's commit= mount option.
+    pub commit_interval_secs: u64,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { read_only: true, ignore_checksums: false, cache_mb: 256, inode_cache_entries: 65536 }
+        Options {
+            read_only: true,
+            ignore_checksums: false,
+            cache_mb: 256,
+            inode_cache_entries: 65536,
+            commit_interval_secs: 5,
+        }
     }
 }
 
@@ -111,6 +120,8 @@ pub struct Filesystem {
     pub(crate) dir_locks: crate::locks::LockTable,
     /// Inode locks (DESIGN.md level 3), by inode number.
     pub(crate) inode_locks: crate::locks::LockTable,
+    /// The jbd2 journal metadata is written through (writable opens of images with one).
+    pub(crate) journal: Option<crate::journal::log::Journal>,
 }
 
 /// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
@@ -180,12 +191,10 @@ impl Filesystem {
         let mut replayed = 0;
         if sb.has_incompat(INCOMPAT_RECOVER) && sb.has_compat(COMPAT_HAS_JOURNAL) {
             if !read_only {
-                return Err(Error::unsupported(
-                    "the journal needs recovery; uext4 cannot yet write through a journal, so open the image \
-                     read-only (the journal is then applied in memory) or run `e2fsck -fy` on it first",
-                ));
+                let sb = Self::recover_journal_home(&dev, &sb, &opts)?;
+                return Self::finish_open(dev, sb, opts, read_only, reason, replayed);
             }
-            let blocks = Self::replay_journal_in_memory(&dev, &sb, &opts)?;
+            let (blocks, _) = Self::replay_journal_in_memory(&dev, &sb, &opts)?;
             replayed = blocks.len();
             dev = Arc::new(OverlayDevice::new(dev, sb.block_size(), blocks));
             // The replayed superblock is the one to use.
@@ -260,7 +269,13 @@ impl Filesystem {
             read_only,
             read_only_reason: reason,
             replayed_journal_blocks,
+            journal: None,
         };
+        let mut fs = fs;
+        if !fs.read_only && fs.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+            let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
+            fs.journal = Some(crate::journal::log::Journal::load(&fs, interval)?);
+        }
         // Inodes a previous session unlinked while open, and never closed.
         if !fs.read_only && fs.sb.read().s_last_orphan != 0 {
             fs.process_orphans()?;
@@ -427,11 +442,43 @@ impl Filesystem {
         crate::format::inode::inode_csum_seed(self.geo.csum_seed, ino, inode.i_generation)
     }
 
+    /// Writable open of an image whose journal needs recovery: the replayed blocks
+    /// go home, the journal is marked empty and needs_recovery is cleared, in that
+    /// order, each step flushed (a crash in between just recovers again).
+    fn recover_journal_home(dev: &Arc<dyn BlockDevice>, sb: &Superblock, opts: &Options) -> Result<Superblock> {
+        let (blocks, next_sequence) = Self::replay_journal_in_memory(dev, sb, opts)?;
+        let bs = sb.block_size() as u64;
+        for (block, data) in &blocks {
+            dev.write_at(block * bs, data)?;
+        }
+        dev.flush()?;
+        let probe = Self::finish_open(dev.clone(), sb.clone(), opts.clone(), true, String::new(), 0)?;
+        let jino = sb.s_journal_inum;
+        let jinode = probe.inode(jino)?;
+        let crate::extent::MapKind::Mapped(jsb_block) = probe.map_blocks(jino, &jinode, 0, 1)?.kind else {
+            return Err(Error::corrupt("journal has no superblock block", format!("inode {jino}")));
+        };
+        let mut raw = vec![0u8; bs as usize];
+        dev.read_at(jsb_block * bs, &mut raw)?;
+        let mut jsb = crate::format::journal::JournalSuperblock::parse(&raw)?;
+        jsb.s_start = 0;
+        jsb.s_sequence = next_sequence;
+        dev.write_at(jsb_block * bs, &jsb.to_bytes())?;
+        dev.flush()?;
+        let mut raw_sb = [0u8; SUPERBLOCK_SIZE];
+        dev.read_at(SUPERBLOCK_OFFSET, &mut raw_sb)?;
+        let mut sb = Superblock::parse(&raw_sb, !opts.ignore_checksums)?;
+        sb.s_feature_incompat &= !INCOMPAT_RECOVER;
+        dev.write_at(SUPERBLOCK_OFFSET, &sb.to_bytes())?;
+        dev.flush()?;
+        Ok(sb)
+    }
+
     fn replay_journal_in_memory(
         dev: &Arc<dyn BlockDevice>,
         sb: &Superblock,
         opts: &Options,
-    ) -> Result<std::collections::BTreeMap<u64, Vec<u8>>> {
+    ) -> Result<(std::collections::BTreeMap<u64, Vec<u8>>, u32)> {
         // The journal inode is read through a temporary read-only filesystem on the
         // unreplayed image: its blocks are not themselves journaled.
         let probe = Self::finish_open(dev.clone(), sb.clone(), opts.clone(), true, String::new(), 0)?;
@@ -467,11 +514,48 @@ pub fn group_has_superblock(sb: &Superblock, group: u32) -> bool {
 }
 
 impl Filesystem {
-    /// Writes the superblock's counters and every dirty block, then flushes the device.
+    /// Writes the superblock's counters and every change home (through the journal
+    /// when there is one, leaving it empty), then flushes the device.
     pub fn sync(&self) -> Result<()> {
         if self.read_only {
             return Ok(());
         }
+        self.compact_split_extent_trees()?;
+        {
+            let mut sb = self.sb.write();
+            sb.s_free_blocks_count = self.free_blocks();
+            sb.s_free_inodes_count = self.free_inodes() as u32;
+            sb.s_wtime =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let bytes = sb.to_bytes();
+            let bs = self.geo.block_size as u64;
+            let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
+            let buf = self.cache.get(block)?;
+            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+            match self.journal.as_ref() {
+                Some(journal) => {
+                    let _in_transaction = journal.gate.read_recursive();
+                    if self.cache.mark_dirty(&buf) {
+                        journal.running_blocks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                None => {
+                    self.cache.mark_dirty(&buf);
+                }
+            }
+        }
+        match self.journal {
+            // Through the log, then home: the image is then consistent without it.
+            Some(_) => self.checkpoint(),
+            None => self.cache.flush(),
+        }
+    }
+}
+
+impl Filesystem {
+    /// Packs the extent trees whose nodes split since the last sync or commit
+    /// (see `extent::write`). The caller holds no inode lock.
+    pub(crate) fn compact_split_extent_trees(&self) -> Result<()> {
         let to_compact: Vec<u32> = self.extent_compact.lock().drain().collect();
         for ino in to_compact {
             let _lock = self.inode_locks.lock(ino as u64);
@@ -484,20 +568,7 @@ impl Filesystem {
             self.write_inode(&mut tx, ino, &inode)?;
             tx.finish()?;
         }
-        {
-            let mut sb = self.sb.write();
-            sb.s_free_blocks_count = self.free_blocks();
-            sb.s_free_inodes_count = self.free_inodes() as u32;
-            sb.s_wtime =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            let bytes = sb.to_bytes();
-            let bs = self.geo.block_size as u64;
-            let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
-            let buf = self.cache.get(block)?;
-            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
-            self.cache.mark_dirty(&buf);
-        }
-        self.cache.flush()
+        Ok(())
     }
 }
 

@@ -192,6 +192,9 @@ impl Filesystem {
                 }
             }
             tx.dirty(&buf);
+            if let Some(journal) = self.journal.as_ref() {
+                journal.note_freed(block..run_end);
+            }
             gd.bg_free_blocks_count += (run_end - block) as u32;
             self.write_group_desc(tx, g, &gd)?;
             *gd_lock = gd;

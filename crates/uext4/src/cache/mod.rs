@@ -186,10 +186,29 @@ impl BufferCache {
         }
     }
 
-    pub fn mark_dirty(&self, buf: &Buffer) {
-        buf.dirty.store(true, Ordering::Release);
+    /// Returns whether the buffer was clean before.
+    pub fn mark_dirty(&self, buf: &Buffer) -> bool {
         // A block we wrote ourselves carries checksums we computed.
         buf.verified.store(true, Ordering::Release);
+        !buf.dirty.swap(true, Ordering::AcqRel)
+    }
+
+    /// Takes every dirty buffer with a copy of its contents, in block order, and
+    /// marks them clean: the journal's commit owns them from here.
+    pub fn take_dirty(&self) -> Vec<(Arc<Buffer>, Box<[u8]>)> {
+        let mut dirty: Vec<Arc<Buffer>> = Vec::new();
+        for s in &self.shards {
+            dirty.extend(s.lock().map.values().filter(|b| b.is_dirty()).cloned());
+        }
+        dirty.sort_by_key(|b| b.block);
+        dirty
+            .into_iter()
+            .map(|b| {
+                b.dirty.store(false, Ordering::Release);
+                let copy = b.read().clone();
+                (b, copy)
+            })
+            .collect()
     }
 
     /// Writes every dirty buffer, in block order, then flushes the device.

@@ -1,7 +1,8 @@
-//! The jbd2 journal. For now: finding the journal inode's blocks and replaying a
-//! journal that needs recovery into memory (read-only opens).
+//! The jbd2 journal: recovery (in memory for read-only opens, home for writable
+//! ones), transaction handles, and writing through the log (log.rs).
 
 pub mod handle;
+pub mod log;
 pub mod recovery;
 
 use crate::error::{Error, Result};
@@ -12,7 +13,7 @@ use std::collections::BTreeMap;
 impl Filesystem {
     /// Runs recovery's scan, revoke and replay passes over the journal inode and
     /// returns the final content of every block the journal would write home.
-    pub(crate) fn journal_replay_blocks(&self) -> Result<BTreeMap<u64, Vec<u8>>> {
+    pub(crate) fn journal_replay_blocks(&self) -> Result<(BTreeMap<u64, Vec<u8>>, u32)> {
         let sb = self.superblock();
         if sb.s_journal_inum == 0 {
             return Err(Error::unsupported("external journal device (the journal is not in an inode)"));
@@ -35,6 +36,6 @@ impl Filesystem {
         for &blk in replay.blocks.keys() {
             self.check_block(blk, &|| "journal replay target".to_string())?;
         }
-        Ok(replay.blocks)
+        Ok((replay.blocks, replay.next_sequence))
     }
 }

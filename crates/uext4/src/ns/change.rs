@@ -89,10 +89,14 @@ impl Filesystem {
         if self.lookup(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
+        // The parent's inode lock comes before the handle (see journal/handle.rs);
+        // the new inode's after it is safe: nobody can hold the lock of an inode
+        // that was free a moment ago while waiting to begin a handle.
+        let _parent_lock = self.inode_locks.lock(parent as u64);
         let mut tx = self.begin(8)?;
         self.ensure_space(NAME_SPACE_BLOCKS)?;
         let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
-        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let _inode_lock = self.inode_locks.lock(ino as u64);
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
