@@ -221,16 +221,6 @@ impl Runner {
     }
 }
 
-fn device_delta(after: uext4::dev::IoStats, before: uext4::dev::IoStats) -> DeviceFigures {
-    DeviceFigures {
-        reads: after.reads - before.reads,
-        read_bytes: after.read_bytes - before.read_bytes,
-        writes: after.writes - before.writes,
-        write_bytes: after.write_bytes - before.write_bytes,
-        flushes: after.flushes - before.flushes,
-    }
-}
-
 impl Phases for Runner {
     fn timed(
         &mut self,
@@ -247,7 +237,7 @@ impl Phases for Runner {
             .map_err(|e| BenchError(format!("phase {name}: {e}")))?;
         let wall_s = clock.elapsed().as_secs_f64();
         let usage = own_usage() + session.helper_usage() - usage_before;
-        let device = session.io_stats().zip(device_before).map(|(after, before)| device_delta(after, before));
+        let device = session.io_stats().zip(device_before).map(|(after, before)| DeviceFigures::from(after - before));
         self.samples.push(Sample {
             workload: self.workload.into(),
             phase: name.into(),

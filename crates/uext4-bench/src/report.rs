@@ -36,6 +36,18 @@ pub struct DeviceFigures {
     pub flushes: u64,
 }
 
+impl From<uext4::dev::IoStats> for DeviceFigures {
+    fn from(s: uext4::dev::IoStats) -> DeviceFigures {
+        DeviceFigures {
+            reads: s.reads,
+            read_bytes: s.read_bytes,
+            writes: s.writes,
+            write_bytes: s.write_bytes,
+            flushes: s.flushes,
+        }
+    }
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Skipped {
     pub target: Target,

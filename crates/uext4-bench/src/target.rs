@@ -146,23 +146,13 @@ impl Uext4Session {
     }
 }
 
-fn add_io(a: uext4::dev::IoStats, b: uext4::dev::IoStats) -> uext4::dev::IoStats {
-    uext4::dev::IoStats {
-        reads: a.reads + b.reads,
-        read_bytes: a.read_bytes + b.read_bytes,
-        writes: a.writes + b.writes,
-        write_bytes: a.write_bytes + b.write_bytes,
-        flushes: a.flushes + b.flushes,
-    }
-}
-
 impl Session for Uext4Session {
     fn ops(&self) -> &dyn FsOps {
         &self.ops
     }
 
     fn io_stats(&self) -> Option<uext4::dev::IoStats> {
-        Some(add_io(self.io_before, self.ops.fs.cache().device().stats()))
+        Some(self.io_before + self.ops.fs.cache().device().stats())
     }
 
     fn restart(&mut self) -> Result<(), BenchError> {

@@ -522,6 +522,8 @@ impl Filesystem {
         }
         self.compact_split_extent_trees()?;
         {
+            // The handle first: beginning one may commit, which takes the superblock lock.
+            let mut tx = self.begin(1)?;
             let mut sb = self.sb.write();
             sb.s_free_blocks_count = self.free_blocks();
             sb.s_free_inodes_count = self.free_inodes() as u32;
@@ -532,17 +534,9 @@ impl Filesystem {
             let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
             let buf = self.cache.get(block)?;
             buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
-            match self.journal.as_ref() {
-                Some(journal) => {
-                    let _in_transaction = journal.gate.read_recursive();
-                    if self.cache.mark_dirty(&buf) {
-                        journal.running_blocks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
-                None => {
-                    self.cache.mark_dirty(&buf);
-                }
-            }
+            tx.dirty(&buf);
+            drop(sb);
+            tx.finish()?;
         }
         match self.journal {
             // Through the log, then home: the image is then consistent without it.

@@ -32,6 +32,33 @@ pub struct IoStats {
     pub flushes: u64,
 }
 
+impl std::ops::Add for IoStats {
+    type Output = IoStats;
+    fn add(self, o: IoStats) -> IoStats {
+        IoStats {
+            reads: self.reads + o.reads,
+            read_bytes: self.read_bytes + o.read_bytes,
+            writes: self.writes + o.writes,
+            write_bytes: self.write_bytes + o.write_bytes,
+            flushes: self.flushes + o.flushes,
+        }
+    }
+}
+
+impl std::ops::Sub for IoStats {
+    type Output = IoStats;
+    /// The requests between an earlier reading and this one.
+    fn sub(self, earlier: IoStats) -> IoStats {
+        IoStats {
+            reads: self.reads - earlier.reads,
+            read_bytes: self.read_bytes - earlier.read_bytes,
+            writes: self.writes - earlier.writes,
+            write_bytes: self.write_bytes - earlier.write_bytes,
+            flushes: self.flushes - earlier.flushes,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     reads: AtomicU64,
