@@ -566,6 +566,14 @@ impl Filesystem {
     }
 }
 
+impl Filesystem {
+    /// Closes without writing anything back, as a crash would: what the journal
+    /// committed survives, the rest is lost. For crash tests.
+    pub fn abandon(mut self) {
+        self.read_only = true;
+    }
+}
+
 impl Drop for Filesystem {
     fn drop(&mut self) {
         if !self.read_only {

@@ -103,7 +103,7 @@ impl Filesystem {
     /// Allocates up to `max_len` contiguous blocks (at least one) near `goal`.
     pub fn alloc_blocks(&self, tx: &mut Handle, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         let reserved = self.sb.read().s_r_blocks_count;
-        let free = self.alloc.free_blocks.load(Ordering::Relaxed);
+        let free = self.allocatable_blocks();
         if free <= reserved {
             return Err(Error::NoSpace(format!("{free} free blocks, {reserved} reserved")));
         }
@@ -173,6 +173,14 @@ impl Filesystem {
             let buf = self.block_bitmap(tx, g, &mut gd)?;
             {
                 let mut b = buf.write();
+                // The free-run map must exist before the bits clear, or building it
+                // later from the bitmap would offer the deferred blocks.
+                let runs_before_free = match self.alloc.free_runs[g as usize].lock().is_none() {
+                    true if self.journal.is_some() => {
+                        Some(crate::alloc::FreeRuns::from_bitmap(&b, self.blocks_in_group(g)))
+                    }
+                    _ => None,
+                };
                 for blk in block..run_end {
                     let bit = (blk - gstart) as usize;
                     if !bitmap::test_bit(&b, bit) {
@@ -187,8 +195,22 @@ impl Filesystem {
                 if self.geo.metadata_csum {
                     gd.bg_block_bitmap_csum = bitmap::checksum(&b, self.geo.blocks_per_group, self.geo.csum_seed);
                 }
-                if let Some(runs) = self.alloc.free_runs[g as usize].lock().as_mut() {
-                    runs.put((block - gstart) as u32, (run_end - block) as u32);
+                let (bit, len) = ((block - gstart) as u32, (run_end - block) as u32);
+                match self.journal.as_ref() {
+                    // Until the transaction freeing them commits, a crash brings back
+                    // the owner of these blocks: new data written there meanwhile
+                    // would land in it. They join the free runs at commit.
+                    Some(journal) => {
+                        if let Some(runs) = runs_before_free {
+                            *self.alloc.free_runs[g as usize].lock() = Some(runs);
+                        }
+                        journal.defer_free(block, run_end - block);
+                    }
+                    None => {
+                        if let Some(runs) = self.alloc.free_runs[g as usize].lock().as_mut() {
+                            runs.put(bit, len);
+                        }
+                    }
                 }
             }
             tx.dirty(&buf);

@@ -113,6 +113,13 @@ impl Filesystem {
         self.alloc.free_blocks.load(Ordering::Relaxed)
     }
 
+    /// Free blocks that may be handed out now: blocks freed in the running
+    /// transaction are free on disk but not reusable until it commits.
+    pub(crate) fn allocatable_blocks(&self) -> u64 {
+        let pending = self.journal.as_ref().map_or(0, |j| j.pending_free_blocks.load(Ordering::Relaxed));
+        self.free_blocks().saturating_sub(pending)
+    }
+
     pub fn free_inodes(&self) -> u64 {
         self.alloc.free_inodes.load(Ordering::Relaxed)
     }

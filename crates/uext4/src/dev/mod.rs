@@ -255,3 +255,100 @@ impl BlockDevice for OverlayDevice {
         self.inner.stats()
     }
 }
+
+/// What a `FaultDevice` does to the writes it is given, counted from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Every write reaches the device.
+    None,
+    /// A power cut after write `n`: writes `n + 1` onward never arrive.
+    DropAfter(u64),
+    /// A power cut during write `n`: only its first `keep` bytes arrive (the
+    /// caller picks a multiple of the device's atomic write unit), and nothing
+    /// after it.
+    Tear { write: u64, keep: usize },
+}
+
+/// A device that loses writes the way a power cut does, for crash tests. Writes
+/// it drops still succeed (the process does not learn of the cut); flushes
+/// succeed. Reads see what reached the device.
+pub struct FaultDevice {
+    inner: Arc<dyn BlockDevice>,
+    fault: Fault,
+    writes: AtomicU64,
+}
+
+impl FaultDevice {
+    pub fn new(inner: Arc<dyn BlockDevice>, fault: Fault) -> FaultDevice {
+        FaultDevice { inner, fault, writes: AtomicU64::new(0) }
+    }
+
+    /// Writes requested so far, those dropped included.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// Whether the cut has happened: some write has been lost.
+    pub fn is_cut(&self) -> bool {
+        let n = self.writes();
+        match self.fault {
+            Fault::None => false,
+            Fault::DropAfter(last) => n > last,
+            Fault::Tear { write, .. } => n >= write,
+        }
+    }
+}
+
+impl BlockDevice for FaultDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        match self.fault {
+            Fault::DropAfter(last) if n > last => Ok(()),
+            Fault::Tear { write, .. } if n > write => Ok(()),
+            Fault::Tear { write, keep } if n == write => self.inner.write_at(offset, &buf[..keep.min(buf.len())]),
+            _ => self.inner.write_at(offset, buf),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_device_cuts_and_tears_where_told() {
+        let write_all = |fault| {
+            let mem = Arc::new(MemDevice::new(vec![0u8; 64]));
+            let dev = FaultDevice::new(mem.clone(), fault);
+            for i in 0..4u8 {
+                dev.write_at(i as u64 * 16, &[i + 1; 16]).unwrap();
+            }
+            (mem.contents(), dev.is_cut())
+        };
+        let blocks = |c: &[u8]| c.chunks(16).map(|b| b.iter().filter(|&&x| x != 0).count()).collect::<Vec<_>>();
+        let (c, cut) = write_all(Fault::None);
+        assert_eq!((blocks(&c), cut), (vec![16, 16, 16, 16], false));
+        let (c, cut) = write_all(Fault::DropAfter(2));
+        assert_eq!((blocks(&c), cut), (vec![16, 16, 0, 0], true));
+        let (c, cut) = write_all(Fault::Tear { write: 2, keep: 4 });
+        assert_eq!((blocks(&c), cut), (vec![16, 4, 0, 0], true));
+        let (_, cut) = write_all(Fault::DropAfter(4));
+        assert!(!cut, "nothing was lost");
+    }
+}

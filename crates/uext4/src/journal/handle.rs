@@ -40,9 +40,11 @@ impl Filesystem {
     /// space halfway (a handle cannot be undone once it has dirtied buffers).
     pub(crate) fn ensure_space(&self, blocks: u64) -> Result<()> {
         let reserved = self.sb.read().s_r_blocks_count;
-        let free = self.free_blocks();
+        let free = self.allocatable_blocks();
         if free < reserved + blocks {
-            return Err(Error::NoSpace(format!("{free} free blocks, {reserved} reserved, up to {blocks} needed")));
+            return Err(Error::NoSpace(format!(
+                "{free} free blocks (not counting those freed since the last commit), {reserved} reserved, up to {blocks} needed"
+            )));
         }
         Ok(())
     }

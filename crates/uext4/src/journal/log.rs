@@ -14,8 +14,10 @@
 //! Invariants: the journal superblock's s_start is 0 exactly when no committed
 //! transaction awaits checkpoint, and the ext4 superblock says needs_recovery in
 //! the same cases. A block freed while a live transaction holds a copy of it is
-//! revoked in the next commit and its copy is never written home; dirtying it
-//! again cancels the revoke, as jbd2 does.
+//! revoked in the next commit, and from that commit on its copy is never written
+//! home; dirtying it again cancels the revoke, as jbd2 does. Blocks freed in the
+//! running transaction are not handed out again until it commits: a crash before
+//! then brings back their old owner, whose blocks must still hold its bytes.
 
 use crate::cache::Buffer;
 use crate::error::{Error, Result};
@@ -25,7 +27,7 @@ use crate::format::superblock::*;
 use crate::fs::Filesystem;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,10 @@ pub(crate) struct Journal {
     pub(crate) running_blocks: AtomicUsize,
     /// Revokes of the running transaction.
     pub(crate) revokes: Mutex<BTreeSet<u64>>,
+    /// Blocks the running transaction freed (start, length): not reusable until it
+    /// commits. Their count is subtracted from what the allocator may hand out.
+    pending_free: Mutex<Vec<(u64, u64)>>,
+    pub(crate) pending_free_blocks: AtomicU64,
     log: Mutex<LogState>,
     /// A commit once the running transaction holds this many blocks.
     max_transaction_blocks: usize,
@@ -179,6 +185,8 @@ impl Journal {
             gate: RwLock::new(()),
             running_blocks: AtomicUsize::new(0),
             revokes: Mutex::new(BTreeSet::new()),
+            pending_free: Mutex::new(Vec::new()),
+            pending_free_blocks: AtomicU64::new(0),
             max_transaction_blocks: (log_len / 4).max(8),
             commit_interval,
             log: Mutex::new(LogState {
@@ -199,6 +207,35 @@ impl Journal {
         fs.cache.device().write_at(self.map[jblock as usize] * bs, data)
     }
 
+    /// Writes `blocks` into the log from `start` on, one request per stretch that
+    /// is contiguous both in the log and on the device; returns the block after.
+    fn write_log(&self, fs: &Filesystem, log: &LogState, start: u32, blocks: &[Vec<u8>]) -> Result<u32> {
+        const MAX_RUN_BLOCKS: usize = 256;
+        let bs = fs.geo.block_size as u64;
+        let mut at = start;
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = at;
+        for block in blocks {
+            let contiguous = !run.is_empty()
+                && at > run_start
+                && self.map[at as usize] == self.map[at as usize - 1] + 1
+                && run.len() < MAX_RUN_BLOCKS * bs as usize;
+            if !contiguous && !run.is_empty() {
+                fs.cache.device().write_at(self.map[run_start as usize] * bs, &run)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = at;
+            }
+            run.extend_from_slice(block);
+            at = log.advance(at);
+        }
+        if !run.is_empty() {
+            fs.cache.device().write_at(self.map[run_start as usize] * bs, &run)?;
+        }
+        Ok(at)
+    }
+
     /// Whether the running transaction is large or old enough to commit now.
     pub(crate) fn wants_commit(&self) -> bool {
         let blocks = self.running_blocks.load(Ordering::Relaxed);
@@ -207,21 +244,22 @@ impl Journal {
     }
 
     /// A block was freed: copies of it in the live log must not be replayed over
-    /// what it holds next, nor written home by a checkpoint.
+    /// what it holds next. The revoke goes out with the running transaction; until
+    /// that commits, the committed copy stays due for checkpoint (a checkpoint
+    /// meanwhile brings home the state in which the block is still in use).
     pub(crate) fn note_freed(&self, blocks: std::ops::Range<u64>) {
-        let mut log = self.log.lock();
+        let log = self.log.lock();
         if log.checkpoint.is_empty() {
             return;
         }
-        let freed: Vec<u64> = log.checkpoint.range(blocks).map(|(&b, _)| b).collect();
-        if freed.is_empty() {
-            return;
-        }
         let mut revokes = self.revokes.lock();
-        for b in freed {
-            log.checkpoint.remove(&b);
-            revokes.insert(b);
-        }
+        revokes.extend(log.checkpoint.range(blocks).map(|(&b, _)| b));
+    }
+
+    /// Blocks freed under a handle of the running transaction.
+    pub(crate) fn defer_free(&self, start: u64, len: u64) {
+        self.pending_free.lock().push((start, len));
+        self.pending_free_blocks.fetch_add(len, Ordering::Relaxed);
     }
 
     /// A block joins the running transaction: it is journaled again, so an earlier
@@ -246,27 +284,50 @@ impl Filesystem {
         // be packed first (the automatic commit in `begin` cannot: its caller holds
         // inode locks).
         self.compact_split_extent_trees()?;
-        self.commit_transaction()
+        self.commit_transaction().map(drop)
     }
 
-    fn commit_transaction(&self) -> Result<()> {
-        let Some(journal) = self.journal.as_ref() else {
-            return Ok(());
-        };
+    /// Returns once the changes to `ino` (file data included) are on disk. The
+    /// journal commits whole transactions, so every earlier change of any file
+    /// is made durable with them.
+    pub fn fsync(&self, ino: u32) -> Result<()> {
+        self.inode(ino)?;
         if self.is_read_only() {
             return Ok(());
         }
+        if self.journal.is_none() {
+            return self.sync();
+        }
+        self.compact_split_extent_trees()?;
+        if !self.commit_transaction()? {
+            // No metadata changed, but data overwritten in place may still sit in
+            // the host's cache.
+            self.cache.device().flush()?;
+        }
+        Ok(())
+    }
+
+    /// Commits the running transaction; returns whether it held anything.
+    fn commit_transaction(&self) -> Result<bool> {
+        let Some(journal) = self.journal.as_ref() else {
+            return Ok(false);
+        };
+        if self.is_read_only() {
+            return Ok(false);
+        }
         // Gate first, then the log: handles take the log lock (note_freed) while
         // holding the gate shared, so the other order could deadlock.
-        let (mut log, copies, revokes) = {
+        let (mut log, copies, revokes, freed) = {
             let _closed = journal.gate.write();
             let log = journal.log.lock();
             journal.running_blocks.store(0, Ordering::Relaxed);
-            (log, self.cache.take_dirty(), std::mem::take(&mut *journal.revokes.lock()))
+            let freed = std::mem::take(&mut *journal.pending_free.lock());
+            (log, self.cache.take_dirty(), std::mem::take(&mut *journal.revokes.lock()), freed)
         };
         log.last_commit = Instant::now();
         if copies.is_empty() && revokes.is_empty() {
-            return Ok(());
+            self.release_freed(journal, &freed);
+            return Ok(false);
         }
         let jsb = log.jsb.clone();
         let per_descriptor = tags_per_descriptor(&jsb);
@@ -283,12 +344,15 @@ impl Filesystem {
             for (buf, data) in &copies {
                 self.cache.device().write_at(buf.block * bs, data)?;
             }
-            return self.cache.device().flush();
+            self.cache.device().flush()?;
+            self.release_freed(journal, &freed);
+            return Ok(true);
         }
         let sequence = log.sequence;
         let start = log.head;
         let seed = jsb.csum_seed();
-        let mut at = start;
+        // Descriptors with the copies they describe, then the revokes, in log order.
+        let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(needed);
         for chunk in copies.chunks(per_descriptor) {
             let mut tags = Vec::with_capacity(chunk.len());
             let mut bodies = Vec::with_capacity(chunk.len());
@@ -303,24 +367,22 @@ impl Filesystem {
                 tags.push(BlockTag { blocknr: buf.block, flags, checksum });
                 bodies.push(body);
             }
-            journal.write_jblock(self, at, &build_descriptor(&jsb, sequence, &tags))?;
-            at = log.advance(at);
-            for body in bodies {
-                journal.write_jblock(self, at, &body)?;
-                at = log.advance(at);
-            }
+            blocks.push(build_descriptor(&jsb, sequence, &tags));
+            blocks.append(&mut bodies);
         }
         let revoked: Vec<u64> = revokes.iter().copied().collect();
         for chunk in revoked.chunks(per_revoke) {
-            journal.write_jblock(self, at, &build_revoke(&jsb, sequence, chunk))?;
-            at = log.advance(at);
+            blocks.push(build_revoke(&jsb, sequence, chunk));
         }
+        let mut at = journal.write_log(self, &log, start, &blocks)?;
         if log.live_from.is_none() {
-            // The log becomes live: recovery must find it from here.
+            // The log becomes live: recovery must find it from here. The flag goes
+            // first: a live log without it is discarded by the kernel and refused
+            // by e2fsck, while the flag over an empty log is harmless.
+            self.set_needs_recovery(true)?;
             log.jsb.s_start = start;
             log.jsb.s_sequence = sequence;
             journal.write_jblock(self, 0, &log.jsb.to_bytes())?;
-            self.set_needs_recovery(true)?;
         }
         // Everything the commit block vouches for, file data included, first.
         self.cache.device().flush()?;
@@ -338,10 +400,34 @@ impl Filesystem {
         log.stats.commits += 1;
         log.stats.blocks_logged += copies.len() as u64;
         log.stats.revokes_logged += revoked.len() as u64;
+        // Revoked blocks are free now and may be reused once this returns: their
+        // old copies must never be written home.
+        for block in &revoked {
+            log.checkpoint.remove(block);
+        }
         for (buf, data) in copies {
             log.checkpoint.insert(buf.block, (buf, data));
         }
-        Ok(())
+        drop(log);
+        self.release_freed(journal, &freed);
+        Ok(true)
+    }
+
+    /// The transaction that freed these blocks is on disk: they may be reused.
+    fn release_freed(&self, journal: &Journal, freed: &[(u64, u64)]) {
+        for &(start, len) in freed {
+            let mut block = start;
+            while block < start + len {
+                let g = self.group_of_block(block);
+                let gstart = self.group_first_block(g);
+                let end = (start + len).min(gstart + self.blocks_in_group(g) as u64);
+                if let Some(runs) = self.alloc.free_runs[g as usize].lock().as_mut() {
+                    runs.put((block - gstart) as u32, (end - block) as u32);
+                }
+                block = end;
+            }
+            journal.pending_free_blocks.fetch_sub(len, Ordering::Relaxed);
+        }
     }
 
     /// Commits, then writes every committed block home and empties the log.
@@ -358,9 +444,25 @@ impl Filesystem {
         if log.live_from.is_none() {
             return Ok(());
         }
+        // Neighbouring blocks (inode tables, bitmaps) go home in one request.
+        const MAX_RUN_BLOCKS: u64 = 256;
         let bs = self.geo.block_size as u64;
-        for (block, (_, data)) in &log.checkpoint {
-            self.cache.device().write_at(block * bs, data)?;
+        let mut run: Vec<u8> = Vec::new();
+        let (mut run_start, mut run_len) = (0u64, 0u64);
+        for (&block, (_, data)) in &log.checkpoint {
+            if run_len > 0 && (block != run_start + run_len || run_len == MAX_RUN_BLOCKS) {
+                self.cache.device().write_at(run_start * bs, &run)?;
+                run.clear();
+                run_len = 0;
+            }
+            if run_len == 0 {
+                run_start = block;
+            }
+            run.extend_from_slice(data);
+            run_len += 1;
+        }
+        if run_len > 0 {
+            self.cache.device().write_at(run_start * bs, &run)?;
         }
         self.cache.device().flush()?;
         log.jsb.s_start = 0;
@@ -397,11 +499,24 @@ impl Filesystem {
     /// the thread holds no handle.
     pub(crate) fn commit_if_due(&self) -> Result<()> {
         if let Some(journal) = self.journal.as_ref() {
-            if HANDLES_HELD.with(|h| h.get()) == 0 && journal.wants_commit() {
-                return self.commit_transaction();
+            if HANDLES_HELD.with(|h| h.get()) == 0 && (journal.wants_commit() || self.frees_wanted()) {
+                return self.commit_transaction().map(drop);
             }
         }
         Ok(())
+    }
+
+    /// Whether space is short enough that the blocks waiting for a commit to be
+    /// reusable are needed: an operation may want a few hundred blocks of
+    /// headroom, and would otherwise fail with ENOSPC while they wait.
+    fn frees_wanted(&self) -> bool {
+        const LOW_SPACE_BLOCKS: u64 = 1024;
+        let Some(journal) = self.journal.as_ref() else { return false };
+        if journal.pending_free_blocks.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let reserved = self.sb.read().s_r_blocks_count;
+        self.allocatable_blocks() < reserved + LOW_SPACE_BLOCKS
     }
 
     /// Counters of the journal since open (None without a journal).

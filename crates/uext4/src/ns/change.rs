@@ -327,7 +327,7 @@ impl Filesystem {
                     let want_blocks = (in_block as u64 + (data.len() - done) as u64).div_ceil(bs);
                     let hole = self.map_blocks(ino, &inode, lblk, want_blocks)?.len;
                     let reserved = self.sb.read().s_r_blocks_count;
-                    let spare = self.free_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
+                    let spare = self.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
                     let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
                     // Right after the block before, so sequential writes stay contiguous.
                     let goal = match lblk.checked_sub(1) {

@@ -1,0 +1,546 @@
+//! Crash matrix: power cuts and torn writes across a workload with fsyncs.
+//!
+//! One deterministic workload of 2,000 mixed operations (files created, written,
+//! overwritten, appended to, truncated, renamed over each other, hard- and
+//! symlinked, unlinked; directories made and removed; xattrs set; fsync of files
+//! and of directories) runs on a `FaultDevice` that loses every write from the
+//! N-th on (a power cut), or lets only a part of the N-th through and nothing
+//! after it (a torn write). The image left behind is opened by uext4, which
+//! recovers its journal; then `e2fsck -fn` must be silent, and every file whose
+//! fsync returned before the cut, and which no later operation touched, must
+//! hold exactly the content it had when that fsync returned.
+//!
+//! Tears keep whole 4 KiB units: the device modelled is a disk that writes 4 KiB
+//! atomically (4Kn, or 512e with 4 KiB physical sectors). Smaller tears would cut
+//! the 1 KiB superblock in two, which no ext4 implementation survives without a
+//! backup superblock (its checksum covers both halves), the kernel included.
+//!
+//! The workload runs once in full to count its writes; the cut points are spread
+//! evenly over them. Each cut is a fresh run from the same starting image, which
+//! stops after the operation during which the cut fell (the process dies there).
+
+mod oracle;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use uext4::dev::{BlockDevice, Fault, FaultDevice, IoStats, MemDevice};
+use uext4::{Filesystem, Options, Owner, SetAttr, ROOT_INO};
+
+const OPS: usize = 2000;
+const POWER_CUTS: usize = 1000;
+const MAX_TEARS: usize = 400;
+const ATOMIC_UNIT: usize = 4096;
+const ROOT: Owner = Owner { uid: 0, gid: 0 };
+
+fn options() -> Options {
+    // No commits by the clock: the run is the same every time, so its writes are too.
+    Options { read_only: false, commit_interval_secs: 3600, ..Options::default() }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(len + 8);
+        while v.len() < len {
+            v.extend_from_slice(&self.next().to_le_bytes());
+        }
+        v.truncate(len);
+        v
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    File,
+    Dir,
+    Symlink,
+}
+
+#[derive(Clone)]
+struct Entry {
+    parent: u32,
+    name: String,
+    kind: Kind,
+    ino: u32,
+}
+
+/// What an fsync of a path promised: this content, once it returned.
+struct Synced {
+    op: usize,
+    ino: u32,
+    content: Vec<u8>,
+    /// Device writes issued when the fsync returned.
+    writes_at_return: u64,
+}
+
+/// The workload's view of the tree, and what each operation touched.
+#[derive(Default)]
+struct Model {
+    entries: BTreeMap<String, Entry>,
+    dir_paths: HashMap<u32, String>,
+    children: HashMap<u32, usize>,
+    contents: HashMap<u32, Vec<u8>>,
+    synced: BTreeMap<String, Synced>,
+    last_touch_path: HashMap<String, usize>,
+    last_touch_ino: HashMap<u32, usize>,
+    next_name: u32,
+    total_bytes: usize,
+}
+
+impl Model {
+    fn pick(&self, rng: &mut Rng, kind: Kind) -> Option<(String, Entry)> {
+        let all: Vec<(&String, &Entry)> = self.entries.iter().filter(|(_, e)| e.kind == kind).collect();
+        if all.is_empty() {
+            return None;
+        }
+        let (p, e) = all[rng.below(all.len())];
+        Some((p.clone(), e.clone()))
+    }
+
+    fn pick_dir(&self, rng: &mut Rng) -> u32 {
+        let dirs: Vec<u32> = self.dir_paths.keys().copied().collect();
+        let mut dirs = dirs;
+        dirs.sort_unstable();
+        dirs[rng.below(dirs.len())]
+    }
+
+    fn new_name(&mut self, prefix: &str) -> String {
+        self.next_name += 1;
+        format!("{prefix}{}", self.next_name)
+    }
+
+    fn path_in(&self, dir: u32, name: &str) -> String {
+        let parent = &self.dir_paths[&dir];
+        if parent.is_empty() {
+            format!("/{name}")
+        } else {
+            format!("{parent}/{name}")
+        }
+    }
+
+    fn touch(&mut self, op: usize, path: &str, ino: Option<u32>) {
+        self.last_touch_path.insert(path.to_string(), op);
+        if let Some(ino) = ino {
+            self.last_touch_ino.insert(ino, op);
+        }
+    }
+
+    fn add(&mut self, path: String, entry: Entry) {
+        *self.children.entry(entry.parent).or_default() += 1;
+        if entry.kind == Kind::Dir {
+            self.dir_paths.insert(entry.ino, path.clone());
+        }
+        self.entries.insert(path, entry);
+    }
+
+    fn remove(&mut self, path: &str) -> Entry {
+        let e = self.entries.remove(path).unwrap();
+        *self.children.get_mut(&e.parent).unwrap() -= 1;
+        if e.kind == Kind::Dir {
+            self.dir_paths.remove(&e.ino);
+        }
+        if e.kind == Kind::File && !self.entries.values().any(|o| o.ino == e.ino) {
+            self.total_bytes -= self.contents.remove(&e.ino).map_or(0, |c| c.len());
+        }
+        e
+    }
+
+    fn set_content(&mut self, ino: u32, content: Vec<u8>) {
+        let old = self.contents.insert(ino, content).map_or(0, |c| c.len());
+        self.total_bytes = self.total_bytes - old + self.contents[&ino].len();
+    }
+
+    /// Files a cut before write `first_lost` must have kept exactly.
+    fn promised(&self, first_lost: u64) -> Vec<(String, Vec<u8>)> {
+        self.synced
+            .iter()
+            .filter(|(path, s)| {
+                s.writes_at_return < first_lost
+                    && self.last_touch_path.get(*path).is_none_or(|&t| t < s.op)
+                    && self.last_touch_ino.get(&s.ino).is_none_or(|&t| t < s.op)
+            })
+            .map(|(p, s)| (p.clone(), s.content.clone()))
+            .collect()
+    }
+}
+
+/// Runs the workload until it ends or the device has been cut; returns the model.
+fn run_workload(fs: &Filesystem, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) -> Model {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut m = Model::default();
+    m.dir_paths.insert(ROOT_INO, String::new());
+    for op in 0..OPS {
+        let result = one_op(fs, &mut m, &mut rng, op, writes);
+        if is_cut() {
+            break;
+        }
+        if let Err(e) = result {
+            panic!("operation {op} failed before any write was lost: {e}");
+        }
+    }
+    m
+}
+
+fn one_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize, writes: &dyn Fn() -> u64) -> uext4::Result<()> {
+    let crowded = m.entries.len() > 300 || m.total_bytes > 8 << 20;
+    let roll = rng.below(100);
+    match roll {
+        // Create a file with content.
+        0..=14 if !crowded => {
+            let dir = m.pick_dir(rng);
+            let name = m.new_name("f");
+            let len = [0, 100, 3000, 9000, 40_000][rng.below(5)] + rng.below(200);
+            let body = rng.bytes(len);
+            let path = m.path_in(dir, &name);
+            let ino = fs.create(dir, name.as_bytes(), 0o644, ROOT)?.ino;
+            m.touch(op, &path, Some(ino));
+            m.add(path, Entry { parent: dir, name, kind: Kind::File, ino });
+            m.set_content(ino, Vec::new());
+            fs.write(ino, 0, &body)?;
+            m.set_content(ino, body);
+        }
+        // Overwrite a range, perhaps past the end.
+        15..=29 => {
+            let Some((path, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            let mut content = m.contents[&e.ino].clone();
+            let off = rng.below(content.len() + 1);
+            let len = 1 + rng.below(12_000);
+            let data = rng.bytes(len);
+            m.touch(op, &path, Some(e.ino));
+            fs.write(e.ino, off as u64, &data)?;
+            if content.len() < off + data.len() {
+                content.resize(off + data.len(), 0);
+            }
+            content[off..off + data.len()].copy_from_slice(&data);
+            m.set_content(e.ino, content);
+        }
+        // Append.
+        30..=39 if !crowded => {
+            let Some((path, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            let mut content = m.contents[&e.ino].clone();
+            let len = 1 + rng.below(9000);
+            let data = rng.bytes(len);
+            m.touch(op, &path, Some(e.ino));
+            fs.write(e.ino, content.len() as u64, &data)?;
+            content.extend_from_slice(&data);
+            m.set_content(e.ino, content);
+        }
+        // Truncate, shrinking or growing.
+        40..=46 => {
+            let Some((path, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            let mut content = m.contents[&e.ino].clone();
+            let size = rng.below(content.len() * 3 / 2 + 2);
+            m.touch(op, &path, Some(e.ino));
+            fs.setattr(e.ino, &SetAttr { size: Some(size as u64), ..SetAttr::default() })?;
+            content.resize(size, 0);
+            m.set_content(e.ino, content);
+        }
+        // Unlink a file or symlink.
+        47..=56 => {
+            let kind = if rng.below(4) == 0 { Kind::Symlink } else { Kind::File };
+            let Some((path, e)) = m.pick(rng, kind) else { return Ok(()) };
+            m.touch(op, &path, Some(e.ino));
+            fs.unlink(e.parent, e.name.as_bytes())?;
+            m.remove(&path);
+        }
+        // Rename a file to a new name or over another file.
+        57..=63 => {
+            let Some((src, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            let (dst_dir, dst_name, replaced) = match m.pick(rng, Kind::File) {
+                Some((p, victim)) if rng.below(2) == 0 && p != src && victim.ino != e.ino => {
+                    (victim.parent, victim.name.clone(), Some((p, victim.ino)))
+                }
+                _ => {
+                    let dir = m.pick_dir(rng);
+                    (dir, m.new_name("r"), None)
+                }
+            };
+            let dst = m.path_in(dst_dir, &dst_name);
+            m.touch(op, &src, Some(e.ino));
+            m.touch(op, &dst, replaced.as_ref().map(|r| r.1));
+            fs.rename(e.parent, e.name.as_bytes(), dst_dir, dst_name.as_bytes(), 0)?;
+            if let Some((p, _)) = replaced {
+                m.remove(&p);
+            }
+            m.add(dst, Entry { parent: dst_dir, name: dst_name, kind: Kind::File, ino: e.ino });
+            m.remove(&src);
+        }
+        // A hard link.
+        64..=66 if !crowded => {
+            let Some((_, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            let dir = m.pick_dir(rng);
+            let name = m.new_name("h");
+            let path = m.path_in(dir, &name);
+            m.touch(op, &path, Some(e.ino));
+            fs.link(e.ino, dir, name.as_bytes())?;
+            m.add(path, Entry { parent: dir, name, kind: Kind::File, ino: e.ino });
+        }
+        // A symlink.
+        67..=69 if !crowded => {
+            let dir = m.pick_dir(rng);
+            let name = m.new_name("s");
+            let target = format!("target-{}", "x".repeat(rng.below(120)));
+            let path = m.path_in(dir, &name);
+            let ino = fs.symlink(dir, name.as_bytes(), target.as_bytes(), ROOT)?.ino;
+            m.touch(op, &path, Some(ino));
+            m.add(path, Entry { parent: dir, name, kind: Kind::Symlink, ino });
+        }
+        // A directory.
+        70..=73 if !crowded && m.dir_paths.len() < 40 => {
+            let dir = m.pick_dir(rng);
+            let name = m.new_name("d");
+            let path = m.path_in(dir, &name);
+            let ino = fs.mkdir(dir, name.as_bytes(), 0o755, ROOT)?.ino;
+            m.touch(op, &path, Some(ino));
+            m.add(path, Entry { parent: dir, name, kind: Kind::Dir, ino });
+        }
+        // Remove an empty directory.
+        74..=76 => {
+            let empty: Vec<String> = m
+                .entries
+                .iter()
+                .filter(|(_, e)| e.kind == Kind::Dir && m.children.get(&e.ino).copied().unwrap_or(0) == 0)
+                .map(|(p, _)| p.clone())
+                .collect();
+            if empty.is_empty() {
+                return Ok(());
+            }
+            let path = empty[rng.below(empty.len())].clone();
+            let e = m.entries[&path].clone();
+            m.touch(op, &path, Some(e.ino));
+            fs.rmdir(e.parent, e.name.as_bytes())?;
+            m.remove(&path);
+        }
+        // An extended attribute (inode body or xattr block).
+        77..=80 => {
+            let Some((_, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            let len = rng.below(300);
+            let value = rng.bytes(len);
+            fs.set_xattr(e.ino, format!("user.k{}", rng.below(6)).as_bytes(), &value, 0)?;
+        }
+        // fsync of a directory.
+        81..=84 => {
+            let dir = m.pick_dir(rng);
+            fs.fsync(dir)?;
+        }
+        // fsync of a file: from its return on, its content is promised.
+        _ => {
+            let Some((path, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+            fs.fsync(e.ino)?;
+            let content = m.contents[&e.ino].clone();
+            m.synced.insert(path, Synced { op, ino: e.ino, content, writes_at_return: writes() });
+        }
+    }
+    Ok(())
+}
+
+/// Counts writes and their sizes: the reference run, which chooses the cuts.
+struct Recorder {
+    inner: Arc<dyn BlockDevice>,
+    sizes: Mutex<Vec<usize>>,
+}
+
+impl BlockDevice for Recorder {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> uext4::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> uext4::Result<()> {
+        self.sizes.lock().unwrap().push(buf.len());
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> uext4::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
+    }
+}
+
+/// The first write lost by a fault.
+fn first_lost(fault: Fault) -> u64 {
+    match fault {
+        Fault::DropAfter(n) => n + 1,
+        Fault::Tear { write, .. } => write,
+        Fault::None => u64::MAX,
+    }
+}
+
+struct Outcome {
+    promised_files: usize,
+    replayed: bool,
+}
+
+/// One cut: run until it, recover, and judge the image left behind.
+fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: bool) -> Outcome {
+    let mem = Arc::new(MemDevice::new(base.to_vec()));
+    let dev = Arc::new(FaultDevice::new(mem.clone(), fault));
+    let fs = Filesystem::open_device(dev.clone(), options()).unwrap();
+    let model = run_workload(&fs, &|| dev.writes(), &|| dev.is_cut());
+    if !dev.is_cut() {
+        // The cut falls in the writes of closing.
+        fs.sync().unwrap();
+    }
+    assert!(dev.is_cut(), "{fault:?}: the workload and its close ended before the cut");
+    fs.abandon();
+
+    if let Ok(dir) = std::env::var("UEXT4_CRASH_KEEP_DIR") {
+        std::fs::write(Path::new(&dir).join("before.img"), mem.contents()).unwrap();
+    }
+    let left = Arc::new(MemDevice::new(mem.contents()));
+    let needed_recovery = needs_recovery(&left.contents());
+    let fs = Filesystem::open_device(left.clone(), options())
+        .unwrap_or_else(|e| panic!("{fault:?}: reopening after the cut failed: {e}"));
+    let promised = model.promised(first_lost(fault));
+    for (path, content) in &promised {
+        let ino = fs
+            .lookup_path(path.as_bytes())
+            .unwrap_or_else(|e| panic!("{fault:?}: {path}, fsync'd before the cut, is gone: {e}"));
+        let got = fs.read_all(ino).unwrap();
+        assert!(
+            got == *content,
+            "{fault:?}: {path} holds {} bytes, not the {} it held at its fsync",
+            got.len(),
+            content.len()
+        );
+    }
+    drop(fs);
+    std::fs::write(scratch, left.contents()).unwrap();
+    check_e2fsck(scratch, fault);
+    if debugfs_too {
+        check_with_debugfs(scratch, &promised, fault);
+    }
+    Outcome { promised_files: promised.len(), replayed: needed_recovery }
+}
+
+/// The superblock's needs_recovery flag (s_feature_incompat at byte 0x60, bit 0x4).
+fn needs_recovery(image: &[u8]) -> bool {
+    let incompat = u32::from_le_bytes(image[1024 + 0x60..1024 + 0x64].try_into().unwrap());
+    incompat & 0x4 != 0
+}
+
+fn check_e2fsck(image: &Path, fault: Fault) {
+    let out = std::process::Command::new("e2fsck").arg("-fn").arg(image).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let noise: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("Pass ") && !l.starts_with("e2fsck ") && !l.contains(" files (") && !l.is_empty())
+        .collect();
+    assert!(out.status.success() && noise.is_empty(), "{fault:?}: e2fsck -fn after recovery:\n{text}");
+}
+
+/// debugfs reads the promised files itself: our reader is not the only judge.
+fn check_with_debugfs(image: &Path, promised: &[(String, Vec<u8>)], fault: Fault) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmds = String::new();
+    for (i, (path, _)) in promised.iter().enumerate() {
+        cmds += &format!("dump {path} {}\n", dir.path().join(i.to_string()).display());
+    }
+    let cmd_file = dir.path().join("cmds");
+    std::fs::write(&cmd_file, cmds).unwrap();
+    oracle::run(std::process::Command::new("debugfs").arg("-f").arg(&cmd_file).arg(image));
+    for (i, (path, content)) in promised.iter().enumerate() {
+        let got = std::fs::read(dir.path().join(i.to_string())).unwrap_or_default();
+        assert!(got == *content, "{fault:?}: debugfs reads {path} as {} bytes, not {}", got.len(), content.len());
+    }
+}
+
+#[test]
+fn power_cuts_and_torn_writes_across_a_workload() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("base.img");
+    std::fs::write(&image, vec![0u8; 32 << 20]).unwrap();
+    oracle::run(std::process::Command::new("mkfs.ext4").args(["-F", "-q", "-b", "4096", "-N", "1024"]).arg(&image));
+    let base = std::fs::read(&image).unwrap();
+
+    // The reference run: every write, and how big.
+    let mem = Arc::new(MemDevice::new(base.clone()));
+    let recorder = Arc::new(Recorder { inner: mem.clone(), sizes: Mutex::new(Vec::new()) });
+    let fs = Filesystem::open_device(recorder.clone(), options()).unwrap();
+    let count = || recorder.sizes.lock().unwrap().len() as u64;
+    let model = run_workload(&fs, &count, &|| false);
+    let stats = fs.journal_stats().unwrap();
+    drop(fs);
+    std::fs::write(&image, mem.contents()).unwrap();
+    oracle::assert_e2fsck_clean(&image);
+    let sizes = recorder.sizes.lock().unwrap().clone();
+    let total = sizes.len() as u64;
+    eprintln!(
+        "reference run: {OPS} operations, {} fsyncs, {} entries left, {total} writes, journal {stats:?}",
+        model.synced.len(),
+        model.entries.len()
+    );
+    assert!(
+        stats.wraps >= 1 && stats.checkpoints >= 1 && stats.revokes_logged >= 1,
+        "the log must wrap, revoke and checkpoint: {stats:?}"
+    );
+
+    // Power cuts spread evenly; tears of the writes spanning several units.
+    let mut faults: Vec<Fault> =
+        (0..POWER_CUTS as u64).map(|i| Fault::DropAfter(i * (total - 1) / POWER_CUTS as u64)).collect();
+    faults.dedup();
+    let multi: Vec<u64> = (1..=total).filter(|&n| sizes[n as usize - 1] > ATOMIC_UNIT).collect();
+    let step = multi.len().div_ceil(MAX_TEARS).max(1);
+    let mut rng = Rng(42);
+    for &n in multi.iter().step_by(step) {
+        let units = sizes[n as usize - 1].div_ceil(ATOMIC_UNIT);
+        faults.push(Fault::Tear { write: n, keep: (1 + rng.below(units - 1)) * ATOMIC_UNIT });
+    }
+    // UEXT4_CRASH_ONLY=drop:N or tear:N:KEEP replays one cut, keeping its images
+    // (before and after recovery) in UEXT4_CRASH_KEEP, for debugging.
+    if let Ok(only) = std::env::var("UEXT4_CRASH_ONLY") {
+        let f: Vec<u64> = only.split(':').skip(1).map(|v| v.parse().unwrap()).collect();
+        let fault = match only.split(':').next() {
+            Some("tear") => Fault::Tear { write: f[0], keep: f[1] as usize },
+            _ => Fault::DropAfter(f[0]),
+        };
+        let keep = std::env::var("UEXT4_CRASH_KEEP").unwrap_or_else(|_| "/tmp".into());
+        std::env::set_var("UEXT4_CRASH_KEEP_DIR", &keep);
+        crash_and_recover(&base, fault, &Path::new(&keep).join("after.img"), true);
+        return;
+    }
+    let cuts = faults.iter().filter(|f| matches!(f, Fault::DropAfter(_))).count();
+    assert!(cuts >= POWER_CUTS * 9 / 10, "only {cuts} distinct power cuts over {total} writes");
+
+    let next = AtomicUsize::new(0);
+    let promised = AtomicU64::new(0);
+    let replayed = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (faults, base, next, promised, replayed) = (&faults, &base, &next, &promised, &replayed);
+            let scratch = work.path().join(format!("cut{t}.img"));
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&fault) = faults.get(i) else { break };
+                let outcome = crash_and_recover(base, fault, &scratch, i % 40 == 0);
+                promised.fetch_add(outcome.promised_files as u64, Ordering::Relaxed);
+                replayed.fetch_add(outcome.replayed as usize, Ordering::Relaxed);
+            });
+        }
+    });
+    let (promised, replayed) = (promised.into_inner(), replayed.into_inner());
+    eprintln!(
+        "{} crashes ({cuts} power cuts, {} torn writes): {replayed} left a journal to recover; {promised} fsync'd files verified",
+        faults.len(),
+        faults.len() - cuts
+    );
+    assert!(replayed >= faults.len() / 2, "most cuts should fall where the journal is live");
+    assert!(promised >= faults.len() as u64, "too few fsync'd files were checked to mean anything");
+}
