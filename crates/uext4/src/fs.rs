@@ -52,8 +52,9 @@ pub struct Options {
     pub cache_mb: usize,
     /// Inodes kept parsed in memory.
     pub inode_cache_entries: usize,
-    /// The running transaction commits once it is this old (checked when the
-    /// next change starts), as the kernel's commit= mount option.
+    /// The running transaction commits once it is this old, as the kernel's
+    /// commit= mount option: noticed when the next change starts, and by the
+    /// commit timer thread (`Filesystem::start_commit_timer`) when none comes.
     pub commit_interval_secs: u64,
 }
 

@@ -178,3 +178,36 @@ fn small_journal_wraps_and_revokes() {
     oracle::assert_e2fsck_clean(&copy2);
     assert_eq!(manifest(&Filesystem::open(&copy2, Options::default()).unwrap()), expected);
 }
+
+/// With the commit timer running, a change is committed by the clock alone: no
+/// later change, sync or fsync asks for it. A copy taken then recovers to it.
+#[test]
+fn commit_timer_commits_without_a_further_change() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image).arg("64M"));
+    let opts = Options { read_only: false, commit_interval_secs: 1, ..Options::default() };
+    let fs = std::sync::Arc::new(Filesystem::open(&image, opts).unwrap());
+    fs.start_commit_timer().unwrap();
+    let ino = fs.create(ROOT_INO, b"timed", 0o644, ROOT).unwrap().ino;
+    fs.write(ino, 0, b"committed by the clock").unwrap();
+    // Waiting for an event, not measuring speed: the bound is only a hang guard.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fs.journal_stats().unwrap().commits == 0 {
+        assert!(std::time::Instant::now() < deadline, "no commit within 30 s of a 1 s interval");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let copy = dir.path().join("copy");
+    std::fs::copy(&image, &copy).unwrap();
+    assert!(oracle::dumpe2fs_field(&copy, "Filesystem features").unwrap().contains("needs_recovery"));
+    drop(fs);
+    let out = Command::new("e2fsck").arg("-fy").arg(&copy).output().unwrap();
+    assert!(out.status.code().unwrap_or(8) <= 1, "e2fsck -fy: {}", String::from_utf8_lossy(&out.stdout));
+    oracle::assert_e2fsck_clean(&copy);
+    let dumped = dir.path().join("timed");
+    oracle::run(Command::new("debugfs").arg("-R").arg(format!("dump /timed {}", dumped.display())).arg(&copy));
+    assert_eq!(std::fs::read(&dumped).unwrap(), b"committed by the clock");
+}

@@ -45,6 +45,8 @@ pub(crate) struct Journal {
     pending_free: Mutex<Vec<(u64, u64)>>,
     pub(crate) pending_free_blocks: AtomicU64,
     log: Mutex<LogState>,
+    /// Dropped with the filesystem, which wakes and ends the commit timer thread.
+    timer_stop: Mutex<Option<std::sync::mpsc::Sender<()>>>,
     /// A commit once the running transaction holds this many blocks.
     max_transaction_blocks: usize,
     commit_interval: Duration,
@@ -186,6 +188,7 @@ impl Journal {
             running_blocks: AtomicUsize::new(0),
             revokes: Mutex::new(BTreeSet::new()),
             pending_free: Mutex::new(Vec::new()),
+            timer_stop: Mutex::new(None),
             pending_free_blocks: AtomicU64::new(0),
             max_transaction_blocks: (log_len / 4).max(8),
             commit_interval,
@@ -285,6 +288,41 @@ impl Filesystem {
         // inode locks).
         self.compact_split_extent_trees()?;
         self.commit_transaction().map(drop)
+    }
+
+    /// Starts the commit timer (the kernel's kjournald2): a thread that commits
+    /// the running transaction once it is `commit_interval_secs` old, whether or
+    /// not another change comes along to notice. It ends when the filesystem is
+    /// dropped. Without a journal, or read-only, there is nothing to do.
+    pub fn start_commit_timer(self: &Arc<Self>) -> Result<()> {
+        let Some(journal) = self.journal.as_ref() else { return Ok(()) };
+        if self.is_read_only() {
+            return Ok(());
+        }
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        {
+            let mut slot = journal.timer_stop.lock();
+            if slot.is_some() {
+                return Ok(()); // Already running.
+            }
+            *slot = Some(stop);
+        }
+        let tick = (journal.commit_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        let fs = Arc::downgrade(self);
+        std::thread::Builder::new().name("uext4-commit".into()).spawn(move || loop {
+            match stopped.recv_timeout(tick) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+            let Some(fs) = fs.upgrade() else { return };
+            let due = fs.journal.as_ref().is_some_and(|j| j.wants_commit());
+            if due {
+                if let Err(e) = fs.commit() {
+                    eprintln!("uext4: timed journal commit failed: {e}");
+                }
+            }
+        })?;
+        Ok(())
     }
 
     /// Returns once the changes to `ino` (file data included) are on disk. The
