@@ -38,7 +38,9 @@ impl std::fmt::Display for BenchError {
 impl std::error::Error for BenchError {}
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Workloads: `uext4 bench list`. Targets: uext4 (the library), uext4-fuse, kernel, fuse2fs.\n\
+#[command(after_help = "Workloads: `uext4 bench list`. Targets: uext4 (the library), uext4-fuse, kernel, fuse2fs,\n\
+and uext4-nojournal, kernel-nojournal (images made with -O ^has_journal: with their journaled twins,\n\
+the tables show what journaling costs each).\n\
 Every run uses a fresh image from mkfs.ext4 -b 4096 and is checked with e2fsck -fn afterwards.")]
 pub struct BenchArgs {
     /// `list`, `all`, or workload names
@@ -75,7 +77,8 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     let mut skipped = Vec::new();
     for name in &args.targets {
         let target = Target::parse(name).ok_or_else(|| {
-            BenchError(format!("unknown target '{name}' (known: uext4, uext4-fuse, kernel, fuse2fs)"))
+            let known: Vec<&str> = target::ALL_TARGETS.iter().map(|t| t.name()).collect();
+            BenchError(format!("unknown target '{name}' (known: {})", known.join(", ")))
         })?;
         match target.unavailable_because() {
             None => targets.push(target),
@@ -182,7 +185,12 @@ fn run_once(
     let mountpoint = scratch.join("mnt");
     let _ = std::fs::remove_file(&image);
     std::fs::create_dir_all(&mountpoint).map_err(|e| BenchError(format!("{}: {e}", mountpoint.display())))?;
-    run_tool(Command::new("mkfs.ext4").args(MKFS_ARGS).arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
+    let mut mkfs = Command::new("mkfs.ext4");
+    mkfs.args(MKFS_ARGS);
+    if !target.has_journal() {
+        mkfs.args(["-O", "^has_journal"]);
+    }
+    run_tool(mkfs.arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
     let session = target.attach(&image, &mountpoint)?;
     let mut runner = Runner { session: Some(session), workload: w.name(), target, run, samples: Vec::new() };
     let outcome = w.run(quick, input, &mut runner);

@@ -126,10 +126,8 @@ impl FileOps for Uext4File {
         self.fs.setattr(self.ino, &SetAttr { size: Some(len), ..Default::default() }).map_err(to_io).map(drop)
     }
 
-    /// Until uext4 writes through its journal, the only way to make one file's
-    /// change durable is to flush the whole filesystem (fuse2fs does the same).
     fn fsync(&mut self) -> io::Result<()> {
-        self.fs.sync().map_err(to_io)
+        self.fs.fsync(self.ino).map_err(to_io)
     }
 }
 

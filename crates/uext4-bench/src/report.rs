@@ -113,11 +113,33 @@ impl Results {
         out
     }
 
+    /// The median over rounds of `target`'s time divided by `base`'s in the same
+    /// round (None unless both ran).
+    pub fn round_ratio(&self, workload: &str, phase: &str, target: Target, base: Target) -> Option<f64> {
+        let of = |t: Target| {
+            self.samples.iter().filter(move |s| s.workload == workload && s.phase == phase && s.target == t)
+        };
+        let mut ratios: Vec<f64> =
+            of(target).filter_map(|s| of(base).find(|b| b.run == s.run).map(|b| s.wall_s / b.wall_s)).collect();
+        (!ratios.is_empty()).then(|| median(&mut ratios))
+    }
+
+    /// What journaling costs each target that ran both ways: time with the
+    /// journal over time without it.
+    pub fn journal_costs(&self, workload: &str, phase: &str) -> Vec<(Target, f64)> {
+        self.targets
+            .iter()
+            .filter(|t| !t.has_journal())
+            .filter_map(|&bare| {
+                self.round_ratio(workload, phase, bare.with_journal(), bare).map(|r| (bare.with_journal(), r))
+            })
+            .collect()
+    }
+
     pub fn summarize(&self, workload: &str, phase: &str) -> Vec<Summary> {
         let of = |t: Target| -> Vec<&Sample> {
             self.samples.iter().filter(|s| s.workload == workload && s.phase == phase && s.target == t).collect()
         };
-        let baseline = of(Target::Uext4);
         let mut out = Vec::new();
         for &target in &self.targets {
             let samples = of(target);
@@ -125,10 +147,6 @@ impl Results {
                 continue;
             }
             let pick = |f: &dyn Fn(&Sample) -> f64| median(&mut samples.iter().map(|s| f(s)).collect::<Vec<_>>());
-            let mut ratios: Vec<f64> = samples
-                .iter()
-                .filter_map(|s| baseline.iter().find(|b| b.run == s.run).map(|b| s.wall_s / b.wall_s))
-                .collect();
             let device = samples.iter().filter_map(|s| s.device).collect::<Vec<_>>();
             let device_median = (!device.is_empty()).then(|| {
                 let m = |f: &dyn Fn(&DeviceFigures) -> u64| {
@@ -149,7 +167,7 @@ impl Results {
                 median_ops_per_s: pick(&|s| s.ops_per_s),
                 median_cpu: pick(&|s| s.cpu_s),
                 median_voluntary: pick(&|s| s.voluntary_switches as f64),
-                ratio_to_uext4: (!ratios.is_empty()).then(|| median(&mut ratios)),
+                ratio_to_uext4: self.round_ratio(workload, phase, target, Target::Uext4),
                 device: device_median,
             });
         }
@@ -188,7 +206,8 @@ impl Results {
                     );
                     if let Some(d) = s.device {
                         device_lines.push(format!(
-                            "{phase}: {} writes ({:.1} MiB), {} reads ({:.1} MiB), {} flushes",
+                            "{phase} on {}: {} writes ({:.1} MiB), {} reads ({:.1} MiB), {} flushes",
+                            s.target.name(),
                             d.writes,
                             d.write_bytes as f64 / 1048576.0,
                             d.reads,
@@ -198,8 +217,28 @@ impl Results {
                     }
                 }
             }
+            let costs: Vec<String> = self
+                .phases(&w.name)
+                .iter()
+                .flat_map(|phase| {
+                    self.journal_costs(&w.name, phase)
+                        .into_iter()
+                        .map(move |(t, r)| format!("{phase} on {}: {r:.2}x", t.name()))
+                })
+                .collect();
+            if !costs.is_empty() {
+                let _ = writeln!(
+                    md,
+                    "\nCost of the journal (time with it / time without, per round, median): {}.",
+                    costs.join("; ")
+                );
+            }
             if !device_lines.is_empty() {
-                let _ = writeln!(md, "\nuext4's device requests (median per run): {}.", device_lines.join("; "));
+                let _ = writeln!(
+                    md,
+                    "\nDevice requests of the uext4 targets (median per run): {}.",
+                    device_lines.join("; ")
+                );
             }
         }
         md

@@ -26,9 +26,23 @@ pub enum Target {
     Kernel,
     /// e2fsprogs' FUSE driver.
     Fuse2fs,
+    /// uext4's library on an image made without a journal: against `Uext4`, the
+    /// cost of journaling.
+    #[serde(rename = "uext4-nojournal")]
+    Uext4NoJournal,
+    /// The kernel's ext4 on an image made without a journal.
+    #[serde(rename = "kernel-nojournal")]
+    KernelNoJournal,
 }
 
-pub const ALL_TARGETS: [Target; 4] = [Target::Uext4, Target::Uext4Fuse, Target::Kernel, Target::Fuse2fs];
+pub const ALL_TARGETS: [Target; 6] = [
+    Target::Uext4,
+    Target::Uext4Fuse,
+    Target::Kernel,
+    Target::Fuse2fs,
+    Target::Uext4NoJournal,
+    Target::KernelNoJournal,
+];
 
 impl Target {
     pub fn name(self) -> &'static str {
@@ -37,6 +51,22 @@ impl Target {
             Target::Uext4Fuse => "uext4-fuse",
             Target::Kernel => "kernel",
             Target::Fuse2fs => "fuse2fs",
+            Target::Uext4NoJournal => "uext4-nojournal",
+            Target::KernelNoJournal => "kernel-nojournal",
+        }
+    }
+
+    /// Whether its image is made with a journal (mkfs.ext4's default).
+    pub fn has_journal(self) -> bool {
+        !matches!(self, Target::Uext4NoJournal | Target::KernelNoJournal)
+    }
+
+    /// The same target on an image with a journal.
+    pub fn with_journal(self) -> Target {
+        match self {
+            Target::Uext4NoJournal => Target::Uext4,
+            Target::KernelNoJournal => Target::Kernel,
+            t => t,
         }
     }
 
@@ -47,9 +77,9 @@ impl Target {
     /// Why this target cannot run here, if it cannot.
     pub fn unavailable_because(self) -> Option<String> {
         match self {
-            Target::Uext4 => None,
+            Target::Uext4 | Target::Uext4NoJournal => None,
             Target::Uext4Fuse => Some("uext4 has no FUSE mount yet (issue 6)".into()),
-            Target::Kernel => {
+            Target::Kernel | Target::KernelNoJournal => {
                 if !is_root() {
                     Some("loop-mounting an image needs root".into())
                 } else if !std::fs::read_to_string("/proc/filesystems").unwrap_or_default().contains("ext4") {
@@ -79,8 +109,8 @@ impl Target {
     /// Attaches the target to `image` (mounting at `mountpoint` if it mounts).
     pub fn attach(self, image: &Path, mountpoint: &Path) -> Result<Box<dyn Session>, BenchError> {
         match self {
-            Target::Uext4 => Ok(Box::new(Uext4Session::open(image)?)),
-            Target::Kernel => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
+            Target::Uext4 | Target::Uext4NoJournal => Ok(Box::new(Uext4Session::open(image)?)),
+            Target::Kernel | Target::KernelNoJournal => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
             Target::Fuse2fs => Ok(Box::new(Fuse2fsSession::mount(image, mountpoint)?)),
             Target::Uext4Fuse => Err(BenchError(self.unavailable_because().unwrap_or_default())),
         }

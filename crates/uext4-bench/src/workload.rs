@@ -54,6 +54,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &RandomWrites { fsync: true },
         &Untar,
         &Populate,
+        &FsyncFiles,
     ]
 }
 
@@ -501,6 +502,49 @@ fn copy_tree(fs: &dyn FsOps, host: &Path, to: &str) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// fs_mark -S 1: every file is created, written and fsync'd before the next, so
+/// each one costs a journal commit (or, without a journal, its own flushes).
+struct FsyncFiles;
+
+impl FsyncFiles {
+    fn count(quick: bool) -> u64 {
+        if quick {
+            300
+        } else {
+            3_000
+        }
+    }
+}
+
+const FSYNC_FILE: usize = 16 * 1024;
+
+impl Workload for FsyncFiles {
+    fn name(&self) -> &'static str {
+        "fsync-files"
+    }
+    fn about(&self) -> &'static str {
+        "create, write and fsync one 16 KiB file after another in one directory (fs_mark -S 1)"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!("{} files of {} KiB, each fsync'd", Self::count(quick), FSYNC_FILE / 1024)
+    }
+    fn image_mb(&self, _quick: bool) -> u64 {
+        512
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let n = Self::count(quick);
+        phases.untimed(&mut |fs| fs.mkdir("fsync", 0o755))?;
+        phases.timed("create+fsync", n, &mut |fs| {
+            for i in 0..n {
+                let mut file = fs.create(&format!("fsync/file-{i:06}"), 0o644)?;
+                file.write_at(0, &pattern(i, FSYNC_FILE))?;
+                file.fsync()?;
+            }
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]

@@ -51,7 +51,8 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         return;
     }
     let names = workload_names();
-    for expected in ["smallfiles", "tree", "seqio", "randwrite", "randwrite-fsync", "untar", "populate"] {
+    for expected in ["smallfiles", "tree", "seqio", "randwrite", "randwrite-fsync", "untar", "populate", "fsync-files"]
+    {
         assert!(names.iter().any(|n| n == expected), "bench list lacks {expected}: {names:?}");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -118,4 +119,47 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
     // The ratio column exists and uext4's own ratio is exactly 1.
     assert!(markdown.contains("| time / uext4's |"));
     assert!(markdown.lines().filter(|l| l.contains("| uext4 |")).all(|l| l.ends_with("| 1.00x |")), "{markdown}");
+}
+
+/// With journaled and journal-less twins of a target, the tables show what the
+/// journal costs each (time with it over time without).
+#[test]
+fn bench_reports_the_cost_of_the_journal() {
+    if !have("mkfs.ext4") {
+        assert!(!oracles_required(), "e2fsprogs is required");
+        eprintln!("SKIPPED: the bench needs mkfs.ext4 and e2fsck");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let targets = "uext4,uext4-nojournal,kernel,kernel-nojournal";
+    let out = uext4(&[
+        "bench",
+        "fsync-files",
+        "--quick",
+        "--runs",
+        "1",
+        "--targets",
+        targets,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let markdown = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    let cost_line = markdown.lines().find(|l| l.starts_with("Cost of the journal")).expect("a journal-cost line");
+    assert!(cost_line.contains("create+fsync on uext4: "), "{cost_line}");
+    let kernel_ran = markdown.contains("| create+fsync | kernel-nojournal |");
+    assert!(kernel_ran || !oracles_required(), "the kernel targets were skipped:\n{markdown}");
+    assert_eq!(cost_line.contains("create+fsync on kernel: "), kernel_ran, "{cost_line}");
+    // Both uext4 twins report device figures; the journal-less one never writes a log.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    let flushes = |target: &str| {
+        json["samples"].as_array().unwrap().iter().find(|s| s["target"] == target).unwrap()["device"]["flushes"]
+            .as_u64()
+            .unwrap()
+    };
+    // 300 fsyncs: the journal flushes before and after each commit block, the
+    // journal-less one once per fsync.
+    assert!(flushes("uext4") >= 600 && flushes("uext4-nojournal") >= 300, "{json}");
 }
