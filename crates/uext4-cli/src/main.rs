@@ -8,9 +8,11 @@ mod cmd_edit;
 mod cmd_info;
 mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_mount;
 mod cmd_put;
 mod cmd_stats;
 mod demo;
+mod fuse;
 mod target;
 
 use clap::{Parser, Subcommand};
@@ -59,6 +61,12 @@ enum Command {
     Getfattr(cmd_edit::GetfattrArgs),
     /// Build a fresh image in a temporary directory, fill it, check it with e2fsck
     Demo(demo::DemoArgs),
+    /// Mount an image through FUSE (multi-threaded; detaches unless --foreground)
+    Mount(cmd_mount::MountArgs),
+    /// Unmount a uext4 mount, waiting until everything is written back
+    Umount(cmd_mount::UmountArgs),
+    /// Show the tunables of a uext4 mount, or change the runtime ones (key=value)
+    Tune(cmd_mount::TuneArgs),
     /// Run workloads side by side on uext4, the kernel's ext4 and fuse2fs (`bench list` shows them)
     Bench(uext4_bench::BenchArgs),
 }
@@ -83,6 +91,9 @@ fn main() -> ExitCode {
         Command::Setfattr(a) => cmd_edit::setfattr(a),
         Command::Getfattr(a) => cmd_edit::getfattr(a),
         Command::Demo(a) => demo::run(a),
+        Command::Mount(a) => cmd_mount::mount(a),
+        Command::Umount(a) => cmd_mount::umount(a),
+        Command::Tune(a) => cmd_mount::tune(a),
         Command::Bench(a) => uext4_bench::run(&a).map_err(|e| uext4::Error::Invalid(e.0)),
     };
     match result {

@@ -56,6 +56,10 @@ pub struct Options {
     /// commit= mount option: noticed when the next change starts, and by the
     /// commit timer thread (`Filesystem::start_commit_timer`) when none comes.
     pub commit_interval_secs: u64,
+    /// Unwritten extents of up to this many blocks are zeroed out whole when one
+    /// of their blocks is written, instead of split (0: never). Changeable while
+    /// open (`Filesystem::set_tunable`).
+    pub extent_zeroout_len: u32,
 }
 
 impl Default for Options {
@@ -66,6 +70,7 @@ impl Default for Options {
             cache_mb: 256,
             inode_cache_entries: 65536,
             commit_interval_secs: 5,
+            extent_zeroout_len: 256,
         }
     }
 }
@@ -113,6 +118,11 @@ pub struct Filesystem {
     /// Inodes whose extent tree split a node since the last sync: sync packs their
     /// trees again (see `extent::write`).
     pub(crate) extent_compact: Mutex<std::collections::HashSet<u32>>,
+    /// The runtime tunable extent_zeroout_len (see `tunables`).
+    pub(crate) extent_zeroout_len: std::sync::atomic::AtomicU32,
+    /// Open-time tunables, kept to report them.
+    pub(crate) commit_interval_secs: u64,
+    pub(crate) cache_mb: usize,
     /// Open handles per inode: an unlinked inode lives until its last close.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// The rename lock (DESIGN.md level 1): only cross-directory renames take it.
@@ -261,6 +271,9 @@ impl Filesystem {
             groups,
             alloc,
             extent_compact: Mutex::new(std::collections::HashSet::new()),
+            extent_zeroout_len: std::sync::atomic::AtomicU32::new(opts.extent_zeroout_len),
+            commit_interval_secs: opts.commit_interval_secs,
+            cache_mb: opts.cache_mb,
             open_files: Mutex::new(HashMap::new()),
             rename_lock: Mutex::new(()),
             dir_locks: crate::locks::LockTable::default(),

@@ -22,6 +22,8 @@ pub mod journal;
 pub mod locks;
 pub mod mkfs;
 pub mod ns;
+pub mod space;
+pub mod tunables;
 pub mod xattr;
 
 pub use error::{Error, Result};

@@ -131,6 +131,32 @@ impl Filesystem {
         if suffix.len() > 255 {
             return Err(Error::Invalid("xattr name longer than 255 bytes".into()));
         }
+        if index == INDEX_POSIX_ACL_ACCESS {
+            // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one
+            // that says no more than a mode is not stored at all.
+            let (bits, equivalent) = acl::implied_mode(value).map_err(Error::Invalid)?;
+            let perm = (self.stat(ino)?.perm & !0o777) | bits;
+            self.setattr(ino, &crate::ns::change::SetAttr { perm: Some(perm), ..Default::default() })?;
+            if equivalent {
+                return match self.remove_xattr(ino, name) {
+                    Err(Error::NotFound(_)) => Ok(()),
+                    other => other,
+                };
+            }
+        }
+        if index == INDEX_POSIX_ACL_ACCESS {
+            // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one
+            // that says no more than a mode is not stored at all.
+            let (bits, equivalent) = acl::implied_mode(value).map_err(Error::Invalid)?;
+            let perm = (self.stat(ino)?.perm & !0o777) | bits;
+            self.setattr(ino, &crate::ns::change::SetAttr { perm: Some(perm), ..Default::default() })?;
+            if equivalent {
+                return match self.remove_xattr(ino, name) {
+                    Err(Error::NotFound(_)) => Ok(()),
+                    other => other,
+                };
+            }
+        }
         let value = if index == INDEX_POSIX_ACL_ACCESS || index == INDEX_POSIX_ACL_DEFAULT {
             acl::user_to_disk(value).map_err(Error::Invalid)?
         } else {

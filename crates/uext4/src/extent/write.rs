@@ -70,6 +70,85 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Maps [lblk, lblk + len) to `pblk..` as an unwritten (preallocated) extent:
+    /// it reads as zeros until written. Never merged with neighbours.
+    pub(crate) fn extent_append_unwritten(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        lblk: u64,
+        pblk: u64,
+        len: u32,
+    ) -> Result<()> {
+        if !inode.has_flag(EXT4_EXTENTS_FL) {
+            return Err(Error::unsupported(format!("preallocating in block-mapped inode {ino}")));
+        }
+        let new = Extent { ee_block: lblk as u32, len, unwritten: true, start: pblk };
+        let mut path = self.extent_path(ino, inode, new.ee_block)?;
+        let leaf_level = path.len() - 1;
+        self.insert_item(tx, ino, inode, &mut path, leaf_level, Item::Ext(new))?;
+        inode.i_blocks += len as u64 * self.sectors_per_block();
+        Ok(())
+    }
+
+    /// Unmaps logical blocks [first, end) and frees them; extents crossing an edge
+    /// are cut. The tree is rebuilt from what remains.
+    pub(crate) fn extent_punch(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        first: u64,
+        end: u64,
+    ) -> Result<()> {
+        if !inode.has_flag(EXT4_EXTENTS_FL) {
+            return Err(Error::unsupported(format!("punching a hole in block-mapped inode {ino}")));
+        }
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        if !extents.iter().any(|e| (e.ee_block as u64) < end && e.end() > first) {
+            return Ok(());
+        }
+        let mut kept = Vec::with_capacity(extents.len() + 1);
+        let mut freed = 0u64;
+        for e in extents {
+            let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
+            if from >= to {
+                kept.push(e);
+                continue;
+            }
+            let cut_at = from - e.ee_block as u64;
+            self.free_blocks_range(tx, e.start + cut_at, to - from)?;
+            freed += to - from;
+            if cut_at > 0 {
+                kept.push(Extent { len: cut_at as u32, ..e });
+            }
+            if to < e.end() {
+                let skip = to - e.ee_block as u64;
+                kept.push(Extent { ee_block: to as u32, len: e.len - skip as u32, start: e.start + skip, ..e });
+            }
+        }
+        for &b in &node_blocks {
+            self.free_blocks_range(tx, b, 1)?;
+        }
+        inode.i_blocks = inode.i_blocks.saturating_sub((node_blocks.len() as u64 + freed) * self.sectors_per_block());
+        self.build_tree(tx, ino, inode, kept)
+    }
+
+    /// Writes zeros over `count` blocks from `pblk` (file data, straight to the device).
+    fn zero_blocks(&self, pblk: u64, count: u64) -> Result<()> {
+        const CHUNK_BLOCKS: u64 = 256;
+        let bs = self.geo.block_size as u64;
+        let zeros = vec![0u8; (CHUNK_BLOCKS.min(count) * bs) as usize];
+        let mut done = 0;
+        while done < count {
+            let n = CHUNK_BLOCKS.min(count - done);
+            self.cache.device().write_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
     /// The nodes from the root to the leaf whose range holds `lblk`.
     fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
         let location = format!("extent tree of inode {ino}");
@@ -297,9 +376,18 @@ impl Filesystem {
 
     /// Marks logical block `lblk` (inside an unwritten extent) as written: the extent
     /// splits around it and the written piece joins a contiguous written neighbour.
-    /// The tree is rebuilt from the new list, which costs a pass over the file's
-    /// extents; the zero-out tunable (extent_zeroout_len) will make this rarer.
-    pub(crate) fn extent_mark_written(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, lblk: u64) -> Result<()> {
+    /// Pieces of at most `zeroout` blocks (the extent_zeroout_len tunable) are not
+    /// split off: they are written with zeros and become written too, as the
+    /// kernel's extent_max_zeroout_kb does, trading a little I/O for fewer extents.
+    /// The tree is rebuilt from the new list, a pass over the file's extents.
+    pub(crate) fn extent_mark_written(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        lblk: u64,
+        zeroout: u32,
+    ) -> Result<()> {
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         let mut out: Vec<Extent> = Vec::with_capacity(extents.len() + 2);
         for e in extents {
@@ -308,16 +396,29 @@ impl Filesystem {
                 out.push(e);
                 continue;
             }
+            if e.len <= zeroout {
+                self.zero_blocks(e.start, e.len as u64)?;
+                out.push(Extent { unwritten: false, ..e });
+                continue;
+            }
             let before = (lblk - e.ee_block as u64) as u32;
+            let after = e.len - before - 1;
+            let (zero_before, zero_after) = (before <= zeroout, after <= zeroout);
+            if zero_before {
+                self.zero_blocks(e.start, before as u64)?;
+            }
+            if zero_after {
+                self.zero_blocks(e.start + before as u64 + 1, after as u64)?;
+            }
             if before > 0 {
-                out.push(Extent { len: before, ..e });
+                out.push(Extent { len: before, unwritten: !zero_before, ..e });
             }
             out.push(Extent { ee_block: lblk as u32, len: 1, unwritten: false, start: e.start + before as u64 });
-            if before + 1 < e.len {
+            if after > 0 {
                 out.push(Extent {
                     ee_block: lblk as u32 + 1,
-                    len: e.len - before - 1,
-                    unwritten: true,
+                    len: after,
+                    unwritten: !zero_after,
                     start: e.start + before as u64 + 1,
                 });
             }

@@ -293,6 +293,7 @@ impl Filesystem {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
         let bs = self.geo.block_size as u64;
+        let zeroout = self.extent_zeroout_len();
         let mut tx = self.begin(16)?;
         self.uninline(&mut tx, ino)?;
         let mut inode = (*self.inode(ino)?).clone();
@@ -312,7 +313,7 @@ impl Filesystem {
                         dev.write_at(p * bs, &vec![0u8; bs as usize])?;
                     }
                     self.ensure_space(DATA_SPACE_BLOCKS)?;
-                    self.extent_mark_written(&mut tx, ino, &mut inode, lblk)?;
+                    self.extent_mark_written(&mut tx, ino, &mut inode, lblk, zeroout)?;
                     p
                 }
                 MapKind::Hole => {

@@ -1,0 +1,166 @@
+//! A file's space as opposed to its bytes: fallocate (preallocate, punch a hole,
+//! zero a range) and finding data and holes (lseek SEEK_DATA / SEEK_HOLE).
+//!
+//! Preallocated blocks are unwritten extents: allocated, counted in i_blocks, and
+//! read as zeros until written. A punched range loses its blocks; its partial
+//! first and last blocks are zeroed in place. As in the kernel, unwritten extents
+//! count as holes when seeking data.
+
+use crate::error::{Error, Result};
+use crate::extent::MapKind;
+use crate::format::inode::EXT4_INLINE_DATA_FL;
+use crate::fs::Filesystem;
+use crate::ns::change::now;
+
+/// fallocate(2) mode bits, as Linux numbers them.
+pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+
+/// Headroom for tree nodes and bitmaps on top of the data blocks themselves.
+const TREE_SPACE_BLOCKS: u64 = 16;
+
+impl Filesystem {
+    /// fallocate(2) on a regular file: `mode` 0 preallocates [offset, offset + len)
+    /// and grows the size to cover it; with KEEP_SIZE the size stays. PUNCH_HOLE
+    /// (with KEEP_SIZE, as Linux requires) frees the range; ZERO_RANGE makes it
+    /// read as zeros, keeping it allocated.
+    pub fn fallocate(&self, ino: u32, offset: u64, len: u64, mode: u32) -> Result<()> {
+        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !known != 0 {
+            return Err(Error::unsupported(format!("fallocate mode {mode:#x}")));
+        }
+        let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
+        let zero = mode & FALLOC_FL_ZERO_RANGE != 0;
+        if punch && (zero || mode & FALLOC_FL_KEEP_SIZE == 0) {
+            return Err(Error::unsupported("fallocate: PUNCH_HOLE goes with KEEP_SIZE alone"));
+        }
+        if len == 0 {
+            return Err(Error::Invalid("fallocate of 0 bytes".into()));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.max_file_size())
+            .ok_or_else(|| Error::Invalid(format!("fallocate range {offset}+{len} is beyond the largest file size")))?;
+        let _lock = self.inode_locks.lock(ino as u64);
+        if !self.inode(ino)?.is_reg() {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let bs = self.geo.block_size as u64;
+        let (first_block, end_block) = (offset / bs, end.div_ceil(bs));
+        let to_allocate = if punch { 0 } else { self.unmapped_blocks(ino, first_block, end_block)? };
+        if !punch {
+            self.ensure_space(to_allocate + TREE_SPACE_BLOCKS)?;
+        }
+        let mut tx = self.begin(32)?;
+        self.uninline(&mut tx, ino)?;
+        let mut inode = (*self.inode(ino)?).clone();
+        if punch || zero {
+            // Partial blocks at the edges keep their other bytes: zero just the range.
+            let whole_first = offset.div_ceil(bs);
+            let whole_end = (end / bs).max(whole_first);
+            for (from, to) in [(offset, end.min(whole_first * bs)), ((whole_end * bs).max(offset), end)] {
+                if from < to && from < inode.i_size {
+                    if let MapKind::Mapped(p) = self.map_blocks(ino, &inode, from / bs, 1)?.kind {
+                        let bytes = (to.min(inode.i_size) - from) as usize;
+                        self.cache.device().write_at(p * bs + from % bs, &vec![0u8; bytes])?;
+                    }
+                }
+            }
+            if whole_first < whole_end {
+                self.extent_punch(&mut tx, ino, &mut inode, whole_first, whole_end)?;
+            }
+        }
+        if !punch {
+            self.preallocate(&mut tx, ino, &mut inode, first_block, end_block)?;
+            if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.i_size {
+                inode.i_size = end;
+            }
+        }
+        let t = now();
+        inode.i_ctime = t;
+        if punch || zero || end > inode.i_size {
+            inode.i_mtime = t;
+        }
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()
+    }
+
+    /// Blocks in [first, end) with nothing mapped.
+    fn unmapped_blocks(&self, ino: u32, first: u64, end: u64) -> Result<u64> {
+        let inode = self.inode(ino)?;
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Ok(end - first);
+        }
+        let mut holes = 0;
+        let mut lblk = first;
+        while lblk < end {
+            let m = self.map_blocks(ino, &inode, lblk, end - lblk)?;
+            if m.kind == MapKind::Hole {
+                holes += m.len;
+            }
+            lblk += m.len;
+        }
+        Ok(holes)
+    }
+
+    /// Fills every hole in [first, end) with unwritten extents.
+    fn preallocate(
+        &self,
+        tx: &mut crate::journal::handle::Handle,
+        ino: u32,
+        inode: &mut crate::format::inode::Inode,
+        first: u64,
+        end: u64,
+    ) -> Result<()> {
+        let mut lblk = first;
+        let mut goal = self.inode_goal(ino);
+        while lblk < end {
+            let m = self.map_blocks(ino, inode, lblk, end - lblk)?;
+            match m.kind {
+                MapKind::Mapped(p) | MapKind::Unwritten(p) => {
+                    goal = p + m.len;
+                    lblk += m.len;
+                }
+                MapKind::Hole => {
+                    let want = m.len.min(crate::format::extent::EXT_UNWRITTEN_MAX_LEN as u64) as u32;
+                    let (p, got) = self.alloc_blocks(tx, goal, want)?;
+                    self.extent_append_unwritten(tx, ino, inode, lblk, p, got)?;
+                    goal = p + got as u64;
+                    lblk += got as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// lseek(2)'s SEEK_DATA (`data`) or SEEK_HOLE from `offset`: the offset found,
+    /// or None (ENXIO) when `offset` is at or past the end, or no data follows it.
+    pub fn seek_data_or_hole(&self, ino: u32, offset: u64, data: bool) -> Result<Option<u64>> {
+        let inode = self.inode(ino)?;
+        if offset >= inode.i_size {
+            return Ok(None);
+        }
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Ok(Some(if data { offset } else { inode.i_size }));
+        }
+        let bs = self.geo.block_size as u64;
+        let mut lblk = offset / bs;
+        let last = inode.i_size.div_ceil(bs);
+        while lblk < last {
+            let m = self.map_blocks(ino, &inode, lblk, last - lblk)?;
+            let is_data = matches!(m.kind, MapKind::Mapped(_));
+            if is_data == data {
+                return Ok(Some((lblk * bs).max(offset)));
+            }
+            lblk += m.len;
+        }
+        // The end of the file is a hole; no data lies past it.
+        Ok(if data { None } else { Some(inode.i_size) })
+    }
+
+    /// The largest file an extent-mapped inode can have: 2^32 blocks.
+    fn max_file_size(&self) -> u64 {
+        (1u64 << 32) * self.geo.block_size as u64
+    }
+}

@@ -1,0 +1,101 @@
+//! Tunables (DESIGN.md, "Tunables"): the options an open or a mount takes, and
+//! the ones marked runtime that change while the filesystem is in use. An
+//! operation reads each tunable once, at its start, so a change cannot mix
+//! values within one operation.
+//!
+//! The mechanisms dir_ireserve, hash_goal, pdirops and inline_data (for new
+//! inodes) are not built yet: their options parse, accept the value that
+//! describes what uext4 does today, and refuse the others by name rather than
+//! pretend.
+
+use crate::error::{Error, Result};
+use crate::fs::{Filesystem, Options};
+use std::sync::atomic::Ordering;
+
+/// One tunable as `tune` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tunable {
+    pub name: &'static str,
+    pub value: String,
+    /// Changeable while open.
+    pub runtime: bool,
+}
+
+/// Mechanisms named in DESIGN.md that are not implemented yet, with the only
+/// value that describes uext4 today.
+const NOT_YET: [(&str, &str); 4] =
+    [("dir_ireserve", "off"), ("hash_goal", "off"), ("pdirops", "off"), ("inline_data", "off")];
+
+fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+    value.parse().map_err(|_| Error::Invalid(format!("{key}={value}: not a number")))
+}
+
+/// extent_zeroout_len in blocks, or its alias extent_max_zeroout_kb in KiB.
+fn zeroout_blocks(key: &str, value: &str, block_size: u32) -> Result<u32> {
+    let n: u32 = number(key, value)?;
+    Ok(if key == "extent_max_zeroout_kb" { n / (block_size / 1024).max(1) } else { n })
+}
+
+impl Options {
+    /// Applies `key=value` (a mount option) to these open options. The zero-out
+    /// alias in KiB assumes 4 KiB blocks here; on a mounted filesystem
+    /// `Filesystem::set_tunable` converts with the real block size.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "cache_mb" => self.cache_mb = number(key, value)?,
+            "commit" => {
+                self.commit_interval_secs = number(key, value)?;
+                if self.commit_interval_secs == 0 {
+                    self.commit_interval_secs = 5; // The kernel's commit=0 means the default.
+                }
+            }
+            "extent_zeroout_len" | "extent_max_zeroout_kb" => {
+                self.extent_zeroout_len = zeroout_blocks(key, value, 4096)?
+            }
+            _ => return not_yet(key, value),
+        }
+        Ok(())
+    }
+}
+
+fn not_yet(key: &str, value: &str) -> Result<()> {
+    match NOT_YET.iter().find(|(name, _)| *name == key) {
+        Some((_, today)) if value == *today => Ok(()),
+        Some((_, today)) => Err(Error::unsupported(format!(
+            "{key}={value} (not implemented yet; only {key}={today} is what uext4 does)"
+        ))),
+        None => Err(Error::Invalid(format!("unknown option {key}"))),
+    }
+}
+
+impl Filesystem {
+    pub fn extent_zeroout_len(&self) -> u32 {
+        self.extent_zeroout_len.load(Ordering::Relaxed)
+    }
+
+    /// Every tunable with its current value.
+    pub fn tunables(&self) -> Vec<Tunable> {
+        let mut out = vec![
+            Tunable { name: "extent_zeroout_len", value: self.extent_zeroout_len().to_string(), runtime: true },
+            Tunable { name: "cache_mb", value: self.cache_mb.to_string(), runtime: false },
+            Tunable { name: "commit", value: self.commit_interval_secs.to_string(), runtime: false },
+        ];
+        out.extend(NOT_YET.iter().map(|(name, today)| Tunable { name, value: today.to_string(), runtime: false }));
+        out
+    }
+
+    /// Changes a runtime tunable now; the next operation sees the new value.
+    pub fn set_tunable(&self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "extent_zeroout_len" | "extent_max_zeroout_kb" => {
+                let blocks = zeroout_blocks(key, value, self.geo.block_size as u32)?;
+                self.extent_zeroout_len.store(blocks, Ordering::Relaxed);
+                Ok(())
+            }
+            _ if self.tunables().iter().any(|t| t.name == key) => {
+                Err(Error::Invalid(format!("{key} is set when mounting, not while mounted")))
+            }
+            _ => Err(Error::Invalid(format!("unknown tunable {key}"))),
+        }
+    }
+}
