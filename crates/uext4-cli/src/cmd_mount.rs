@@ -408,11 +408,13 @@ pub fn tune(a: TuneArgs) -> Result<()> {
         let Some((key, _)) = setting.split_once('=') else {
             return Err(Error::Invalid(format!("'{setting}' is not key=value")));
         };
+        // The kernel's name for the zero-out length, in KiB.
+        let key = if key == "extent_max_zeroout_kb" { "extent_zeroout_len" } else { key };
         let Some(line) = current.lines().find(|l| l.split('=').next() == Some(key)) else {
             let known: Vec<&str> = current.lines().filter_map(|l| l.split('=').next()).collect();
             return Err(Error::Invalid(format!("unknown tunable {key} (known: {})", known.join(", "))));
         };
-        if !line.ends_with("(runtime)") && key != "extent_max_zeroout_kb" {
+        if !line.ends_with("(runtime)") {
             return Err(Error::Invalid(format!("{key} is set when mounting (-o {key}=...), not while mounted")));
         }
         set_xattr(&mountpoint, TUNE_XATTR, setting.as_bytes())

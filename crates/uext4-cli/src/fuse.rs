@@ -226,7 +226,7 @@ impl Uext4Fuse {
             .collect())
     }
 
-    /// relatime, as the kernel's ext4 mounts by default: a read moves atime only
+    /// relatime, as the kernel's ext4 mounts by default: a read (or a listing) moves atime only
     /// when it is not newer than mtime or ctime, or is a day old.
     fn touch_atime(&self, ino: u32) {
         if self.fs.is_read_only() {
@@ -522,10 +522,13 @@ impl fuser::Filesystem for Uext4Fuse {
         }
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some(entries) = self.listings.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
+        if offset == 0 {
+            self.touch_atime(ext_ino(ino));
+        }
         for (i, e) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(fuse_ino(e.ino), i as u64 + 1, e.kind, OsStr::from_bytes(&e.name)) {
                 break;
@@ -534,10 +537,13 @@ impl fuser::Filesystem for Uext4Fuse {
         reply.ok();
     }
 
-    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let Some(entries) = self.listings.lock().get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
+        if offset == 0 {
+            self.touch_atime(ext_ino(ino));
+        }
         for (i, e) in entries.iter().enumerate().skip(offset as usize) {
             // Removed since opendir: leave it out rather than fail the listing.
             let Ok(st) = self.fs.stat(e.ino) else { continue };

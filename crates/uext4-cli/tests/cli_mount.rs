@@ -1,0 +1,491 @@
+//! `uext4 mount`, judged from outside: what a shell does through the mount must
+//! leave an image that e2fsck finds clean and the kernel reads back as the same
+//! tree the shell made on the host; random I/O on one file must match an
+//! in-memory copy; POSIX behaviour at the mount (permissions, sticky
+//! directories, O_EXCL, renames over directories, unlinked open files, link
+//! counts, timestamps) must be the kernel's ext4's, which runs the same steps
+//! side by side.
+
+mod common;
+
+use common::*;
+use std::fs::{self, File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn oracles() -> bool {
+    let have = |t: &str| {
+        Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success())
+    };
+    if !(have("mkfs.ext4") && have("e2fsck") && have("debugfs")) {
+        return !skip("e2fsprogs is not installed");
+    }
+    fuse_available()
+}
+
+/// A source tree with files of many sizes, subdirectories, symlinks, a hard
+/// link and a fifo.
+fn make_source(root: &Path) {
+    for d in 0..8 {
+        let dir = root.join(format!("d{d}"));
+        fs::create_dir_all(dir.join("sub")).unwrap();
+        for f in 0..25u64 {
+            let len = ((d * 25 + f) * 7919 % 90_000) as usize;
+            let body: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + f + d) as u8).collect();
+            fs::write(dir.join(format!("f{f}")), body).unwrap();
+        }
+        fs::write(dir.join("sub/deep"), format!("deep {d}")).unwrap();
+        std::os::unix::fs::symlink(format!("../d{d}/f1"), dir.join("link")).unwrap();
+    }
+    fs::hard_link(root.join("d0/f2"), root.join("d0/f2-again")).unwrap();
+    run(Command::new("mkfifo").arg(root.join("d1/fifo")));
+    fs::set_permissions(root.join("d2/f3"), fs::Permissions::from_mode(0o640)).unwrap();
+}
+
+const SHELL_WORK: &str = r#"set -e
+cp -a "$SRC" copy
+mkdir unpacked
+tar -C unpacked -xf "$TAR"
+mv copy/d3 moved
+mv unpacked/d1/f1 unpacked/renamed
+ln copy/d1/f0 hardlink
+ln -s copy/d1/f0 symlink
+chmod 600 copy/d2/f1
+chmod -R g-r,o-r unpacked/d2
+rm -rf copy/d4 unpacked/d5
+"#;
+
+#[test]
+fn a_shell_workload_through_the_mount_equals_the_same_on_the_host() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    make_source(&src);
+    let tar = work.path().join("src.tar");
+    run(Command::new("tar").arg("-C").arg(&src).arg("-cf").arg(&tar).arg("."));
+    let host = work.path().join("host");
+    fs::create_dir(&host).unwrap();
+    let shell = |dir: &Path| {
+        run(Command::new("sh").arg("-c").arg(SHELL_WORK).current_dir(dir).env("SRC", &src).env("TAR", &tar));
+    };
+    shell(&host);
+
+    let image = work.path().join("img");
+    mkfs(&image, "1G");
+    let m = UextMount::new(&image, "");
+    fs::create_dir(m.dir.join("work")).unwrap();
+    shell(&m.dir.join("work"));
+    assert_eq!(tree_listing(&m.dir.join("work")), tree_listing(&host), "the mount's own view");
+    m.unmount();
+    assert_e2fsck_clean(&image);
+    let k = KernelMount::new(&image, "ro");
+    let (theirs, ours) = (tree_listing(&k.dir.join("work")), tree_listing(&host));
+    assert!(theirs.len() > 300, "{} entries", theirs.len());
+    assert_eq!(theirs, ours, "the kernel's view of what the shell did through uext4");
+}
+
+/// fsx-style: random writes, reads, truncates, preallocations, punched holes and
+/// zeroed ranges on one file, every read checked against an in-memory copy.
+#[test]
+fn random_io_on_one_file_matches_an_in_memory_copy() {
+    if !oracles() {
+        return;
+    }
+    const OPS: usize = 100_000;
+    const MAX_SIZE: u64 = 2 << 20;
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "256M");
+    let m = UextMount::new(&image, "");
+    let path = m.dir.join("fsx");
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    let mut model: Vec<u8> = Vec::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n.max(1)
+    };
+    let mut counts = [0usize; 6];
+    for op in 0..OPS {
+        let size = model.len() as u64;
+        let off = rand(MAX_SIZE);
+        let len = 1 + rand(64 * 1024).min(MAX_SIZE - off - 1);
+        let kind = rand(100) as usize;
+        let what = match kind {
+            0..=34 => {
+                let data: Vec<u8> = (0..len).map(|i| (i ^ op as u64 ^ off) as u8 | 1).collect();
+                file.write_all_at(&data, off).unwrap();
+                let end = (off + len) as usize;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].copy_from_slice(&data);
+                0
+            }
+            35..=69 => {
+                let at = rand(size + 1);
+                let mut buf = vec![0u8; len as usize];
+                let n = file.read_at(&mut buf, at).unwrap();
+                let expect = &model[(at as usize).min(model.len())..(at + len).min(size) as usize];
+                assert_eq!(n, expect.len(), "op {op}: read of {len} at {at} in a {size}-byte file");
+                assert!(buf[..n] == *expect, "op {op}: read of {len} at {at} differs");
+                1
+            }
+            70..=79 => {
+                let new = rand(MAX_SIZE);
+                file.set_len(new).unwrap();
+                model.resize(new as usize, 0);
+                2
+            }
+            80..=87 => {
+                // Preallocate; without KEEP_SIZE the size grows over the range.
+                let keep = rand(2) == 0;
+                let r = unsafe {
+                    libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), keep as i32, off as i64, len as i64)
+                };
+                assert_eq!(r, 0, "op {op}: fallocate: {}", std::io::Error::last_os_error());
+                if !keep && (off + len) as usize > model.len() {
+                    model.resize((off + len) as usize, 0);
+                }
+                3
+            }
+            88..=95 => {
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                let r =
+                    unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), mode, off as i64, len as i64) };
+                assert_eq!(r, 0, "op {op}: punch: {}", std::io::Error::last_os_error());
+                let end = ((off + len) as usize).min(model.len());
+                if (off as usize) < end {
+                    model[off as usize..end].fill(0);
+                }
+                4
+            }
+            _ => {
+                let r = unsafe {
+                    libc::fallocate(
+                        std::os::fd::AsRawFd::as_raw_fd(&file),
+                        libc::FALLOC_FL_ZERO_RANGE,
+                        off as i64,
+                        len as i64,
+                    )
+                };
+                assert_eq!(r, 0, "op {op}: zero range: {}", std::io::Error::last_os_error());
+                let end = (off + len) as usize;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].fill(0);
+                5
+            }
+        };
+        counts[what] += 1;
+        if op % 10_000 == 9_999 {
+            assert_eq!(file.metadata().unwrap().len(), model.len() as u64, "op {op}: size");
+            assert!(fs::read(&path).unwrap() == model, "op {op}: whole-file comparison");
+        }
+    }
+    eprintln!("fsx: {OPS} operations (write, read, truncate, fallocate, punch, zero): {counts:?}");
+    file.sync_all().unwrap();
+    drop(file);
+    m.unmount();
+    assert_e2fsck_clean(&image);
+    let k = KernelMount::new(&image, "ro");
+    assert!(fs::read(k.dir.join("fsx")).unwrap() == model, "the kernel reads the file differently");
+}
+
+/// Runs `script` with sh as user and group 65534 (nobody), returning its status.
+fn as_nobody(script: &str) -> bool {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv")
+        .status
+        .success()
+}
+
+#[test]
+fn permissions_sticky_directories_and_excl_create() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "128M");
+    let m = UextMount::new(&image, "allow_other");
+    let d = &m.dir;
+    fs::write(d.join("rootfile"), "root's").unwrap();
+    fs::set_permissions(d.join("rootfile"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(d.join("private"), "secret").unwrap();
+    fs::set_permissions(d.join("private"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::create_dir(d.join("rootdir")).unwrap();
+    fs::create_dir(d.join("sticky")).unwrap();
+    fs::set_permissions(d.join("sticky"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::write(d.join("sticky/roots"), "x").unwrap();
+    fs::set_permissions(d.join("sticky/roots"), fs::Permissions::from_mode(0o666)).unwrap();
+    let p = |rel: &str| d.join(rel).display().to_string();
+
+    assert!(as_nobody(&format!("cat {}", p("rootfile"))), "others may read a 0644 file");
+    assert!(!as_nobody(&format!("echo x >> {}", p("rootfile"))), "others may not write a 0644 file");
+    assert!(!as_nobody(&format!("cat {}", p("private"))), "others may not read a 0600 file");
+    assert!(!as_nobody(&format!("touch {}/new", p("rootdir"))), "others may not create in a 0755 directory");
+    assert!(as_nobody(&format!("echo mine > {}/mine", p("sticky"))), "anyone may create in a 1777 directory");
+    assert_eq!(fs::metadata(d.join("sticky/mine")).unwrap().uid(), 65534, "a new file belongs to its creator");
+    assert!(as_nobody(&format!("echo more >> {}", p("sticky/roots"))), "a 0666 file is writable by others");
+    assert!(!as_nobody(&format!("rm -f {}", p("sticky/roots"))), "sticky: others' files cannot be removed");
+    assert!(!as_nobody(&format!("mv {} {}/moved", p("sticky/roots"), p("sticky"))), "sticky: nor renamed");
+    assert!(as_nobody(&format!("rm {}", p("sticky/mine"))), "one's own file in a sticky directory can go");
+    assert!(d.join("sticky/roots").exists());
+
+    // O_EXCL on an existing name fails; on a new one creates exactly once.
+    let excl = |rel: &str| OpenOptions::new().write(true).create_new(true).open(d.join(rel));
+    assert_eq!(excl("rootfile").unwrap_err().kind(), ErrorKind::AlreadyExists);
+    excl("fresh").unwrap();
+    assert_eq!(excl("fresh").unwrap_err().kind(), ErrorKind::AlreadyExists);
+    m.unmount();
+    assert_e2fsck_clean(&image);
+}
+
+#[test]
+fn renames_over_directories_link_counts_and_unlinked_open_files() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "128M");
+    let m = UextMount::new(&image, "");
+    let d = &m.dir;
+    let nlink = |rel: &str| fs::symlink_metadata(d.join(rel)).unwrap().nlink();
+
+    // Link counts: a directory has 2 plus one per subdirectory; a hard link adds one.
+    fs::create_dir(d.join("a")).unwrap();
+    assert_eq!(nlink("a"), 2);
+    fs::create_dir_all(d.join("a/x/y")).unwrap();
+    fs::create_dir(d.join("a/z")).unwrap();
+    assert_eq!((nlink("a"), nlink("a/x")), (4, 3));
+    fs::write(d.join("a/file"), "f").unwrap();
+    fs::hard_link(d.join("a/file"), d.join("a/file2")).unwrap();
+    assert_eq!(nlink("a/file"), 2);
+
+    // Renames over directories: onto an empty one replaces it; onto a non-empty
+    // one fails; a file cannot replace a directory nor a directory a file.
+    fs::create_dir(d.join("empty")).unwrap();
+    fs::rename(d.join("a/z"), d.join("empty")).unwrap();
+    assert!(!d.join("a/z").exists() && d.join("empty").is_dir());
+    assert_eq!(nlink("a"), 3, "a lost its subdirectory z");
+    let err = fs::rename(d.join("empty"), d.join("a")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTEMPTY), "{err}");
+    let err = fs::rename(d.join("a/file"), d.join("empty")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EISDIR), "{err}");
+    let err = fs::rename(d.join("empty"), d.join("a/file")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR), "{err}");
+    let err = fs::rename(d.join("a"), d.join("a/x/inside")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "a directory cannot move into itself: {err}");
+
+    // An unlinked open file stays readable until closed; then its blocks are free.
+    let statvfs_free = || {
+        let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).unwrap();
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+        s.f_bfree as u64 * s.f_frsize as u64
+    };
+    let body: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+    fs::write(d.join("doomed"), &body).unwrap();
+    let before = statvfs_free();
+    let f = File::open(d.join("doomed")).unwrap();
+    fs::remove_file(d.join("doomed")).unwrap();
+    assert!(!d.join("doomed").exists());
+    let mut back = vec![0u8; body.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == body, "the unlinked file reads back whole while open");
+    assert!(statvfs_free() < before + (4 << 20), "its blocks stay in use while it is open");
+    drop(f);
+    // The kernel forgets the inode asynchronously after the close; the bound is
+    // only a hang guard.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while statvfs_free() < before + (8 << 20) {
+        assert!(Instant::now() < deadline, "the unlinked file's 8 MiB were not freed after its close");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    m.unmount();
+    assert_e2fsck_clean(&image);
+}
+
+/// atime, mtime and ctime (seconds and nanoseconds) of a path, if it exists.
+type Times = Option<[i64; 6]>;
+
+fn times(dir: &Path, paths: &[&str]) -> Vec<Times> {
+    paths
+        .iter()
+        .map(|p| {
+            fs::symlink_metadata(dir.join(p))
+                .ok()
+                .map(|m| [m.atime(), m.atime_nsec(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()])
+        })
+        .collect()
+}
+
+/// Which of atime, mtime and ctime of each path changed over one step.
+fn changed(before: &[Times], after: &[Times]) -> String {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| match (b, a) {
+            (Some(b), Some(a)) => format!(
+                "{}{}{}",
+                if b[0..2] != a[0..2] { "a" } else { "-" },
+                if b[2..4] != a[2..4] { "m" } else { "-" },
+                if b[4..6] != a[4..6] { "c" } else { "-" }
+            ),
+            (None, Some(_)) => "new".into(),
+            (Some(_), None) => "gone".into(),
+            (None, None) => "none".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The same steps on the kernel's ext4 and on uext4's mount must touch the same
+/// timestamps (of the object and of its directories).
+#[test]
+fn timestamps_change_where_the_kernels_ext4_changes_them() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (kimg, uimg) = (work.path().join("k.img"), work.path().join("u.img"));
+    mkfs(&kimg, "64M");
+    mkfs(&uimg, "64M");
+    let k = KernelMount::new(&kimg, "");
+    let u = UextMount::new(&uimg, "");
+    type Step = (&'static str, fn(&Path));
+    let steps: Vec<Step> = vec![
+        ("mkdir", |d| fs::create_dir(d.join("dir")).unwrap()),
+        ("create", |d| drop(File::create(d.join("dir/f")).unwrap())),
+        ("write", |d| fs::write(d.join("dir/f"), "some bytes").unwrap()),
+        ("read after write", |d| drop(fs::read(d.join("dir/f")).unwrap())),
+        ("read again", |d| drop(fs::read(d.join("dir/f")).unwrap())),
+        ("chmod", |d| fs::set_permissions(d.join("dir/f"), fs::Permissions::from_mode(0o600)).unwrap()),
+        ("chown", |d| std::os::unix::fs::chown(d.join("dir/f"), Some(1), Some(1)).unwrap()),
+        ("truncate", |d| OpenOptions::new().write(true).open(d.join("dir/f")).unwrap().set_len(3).unwrap()),
+        ("link", |d| fs::hard_link(d.join("dir/f"), d.join("dir/g")).unwrap()),
+        ("rename", |d| fs::rename(d.join("dir/g"), d.join("dir/h")).unwrap()),
+        ("symlink", |d| std::os::unix::fs::symlink("f", d.join("dir/s")).unwrap()),
+        ("setxattr", |d| run(Command::new("setfattr").args(["-n", "user.k", "-v", "v"]).arg(d.join("dir/f"))).clear()),
+        ("unlink", |d| fs::remove_file(d.join("dir/h")).unwrap()),
+        ("list", |d| assert!(fs::read_dir(d.join("dir")).unwrap().count() > 0)),
+        ("rmdir", |d| {
+            fs::create_dir(d.join("dir/sub")).unwrap();
+            fs::remove_dir(d.join("dir/sub")).unwrap()
+        }),
+    ];
+    let watched = [".", "dir", "dir/f", "dir/h", "dir/s"];
+    let mut differ = Vec::new();
+    for (name, step) in &steps {
+        let mut seen = Vec::new();
+        for root in [&k.dir, &u.dir] {
+            let before = times(root, &watched);
+            // The kernel stamps times from a coarse clock: let it tick.
+            std::thread::sleep(Duration::from_millis(30));
+            step(root);
+            seen.push(changed(&before, &times(root, &watched)));
+        }
+        if seen[0] != seen[1] {
+            differ.push(format!("{name}: kernel [{}] uext4 [{}]", seen[0], seen[1]));
+        }
+    }
+    assert!(differ.is_empty(), "timestamps differ from the kernel's ext4 (paths {watched:?}):\n{}", differ.join("\n"));
+    drop(k);
+    u.unmount();
+    assert_e2fsck_clean(&uimg);
+}
+
+#[test]
+fn tune_second_mounts_signals_and_bad_input() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "128M");
+    let m = UextMount::new(&image, "threads=2");
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(mounts.lines().any(|l| l.contains(&*m.dir.to_string_lossy()) && l.contains(" fuse.uext4 ")), "{mounts}");
+
+    // A second mount of the same image is refused, by name.
+    let other = work.path().join("other");
+    fs::create_dir(&other).unwrap();
+    let out = uext4().arg("mount").arg(&image).arg(&other).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("already mounted"), "{out:?}");
+
+    // Tunables: listed, changed at runtime, refused by name when unknown or not runtime.
+    let listed = run(uext4().arg("tune").arg(&m.dir));
+    assert!(listed.contains("extent_zeroout_len=256 (runtime)") && listed.contains("commit=5"), "{listed}");
+    let refused = uext4().arg("tune").arg(&m.dir).arg("commit=9").output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("set when mounting"), "{refused:?}");
+    let refused = uext4().arg("tune").arg(&m.dir).arg("nosuch=1").output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("unknown tunable"), "{refused:?}");
+
+    // The zero-out length at work: a 64-block preallocation written in its middle
+    // splits into three extents with zero-out off, and stays one with it on.
+    let prealloc_and_poke = |name: &str| {
+        let f = OpenOptions::new().write(true).create(true).truncate(true).open(m.dir.join(name)).unwrap();
+        assert_eq!(unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, 64 * 4096) }, 0);
+        f.write_all_at(b"middle", 32 * 4096).unwrap();
+    };
+    run(uext4().arg("tune").arg(&m.dir).arg("extent_zeroout_len=0"));
+    assert!(run(uext4().arg("tune").arg(&m.dir)).contains("extent_zeroout_len=0 (runtime)"));
+    prealloc_and_poke("split");
+    run(uext4().arg("tune").arg(&m.dir).arg("extent_max_zeroout_kb=1024"));
+    assert!(run(uext4().arg("tune").arg(&m.dir)).contains("extent_zeroout_len=256 (runtime)"));
+    prealloc_and_poke("whole");
+    m.unmount();
+    assert_e2fsck_clean(&image);
+    let extents = |name: &str| {
+        let out = run(Command::new("debugfs").arg("-R").arg(format!("ex /{name}")).arg(&image));
+        out.lines().filter(|l| l.trim_start().starts_with("0/")).map(str::to_string).collect::<Vec<_>>()
+    };
+    let (split, whole) = (extents("split"), extents("whole"));
+    assert_eq!(split.len(), 3, "zero-out off: {split:?}");
+    assert!(split[0].contains("Uninit") && !split[1].contains("Uninit") && split[2].contains("Uninit"), "{split:?}");
+    assert_eq!(whole.len(), 1, "zero-out on: {whole:?}");
+    assert!(!whole[0].contains("Uninit"), "{whole:?}");
+
+    // SIGTERM to a foreground mount unmounts it and leaves the image clean.
+    let mnt = work.path().join("fg");
+    fs::create_dir(&mnt).unwrap();
+    let mut daemon = uext4().arg("mount").arg("--foreground").arg(&image).arg(&mnt).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !fs::read_to_string("/proc/self/mounts").unwrap().contains(&*mnt.to_string_lossy()) {
+        assert!(Instant::now() < deadline, "the foreground mount never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    fs::write(mnt.join("before-signal"), "kept").unwrap();
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let status = daemon.wait().unwrap();
+    assert!(status.success(), "the daemon exits cleanly on SIGTERM: {status}");
+    assert!(!fs::read_to_string("/proc/self/mounts").unwrap().contains(&*mnt.to_string_lossy()));
+    assert_e2fsck_clean(&image);
+    let out = run(Command::new("debugfs").arg("-R").arg("cat /before-signal").arg(&image));
+    assert!(out.contains("kept"), "{out}");
+
+    // Bad input: clear errors, no mount left behind.
+    let bad = uext4().arg("mount").arg(work.path().join("nosuch.img")).arg(&other).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("nosuch.img"), "{bad:?}");
+    let junk = work.path().join("junk.img");
+    fs::write(&junk, vec![0u8; 4 << 20]).unwrap();
+    let bad = uext4().arg("mount").arg(&junk).arg(&other).output().unwrap();
+    assert!(!bad.status.success() && !String::from_utf8_lossy(&bad.stderr).is_empty(), "{bad:?}");
+    let bad = uext4().arg("mount").arg(&image).arg(&image).output().unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a directory"), "{bad:?}");
+    let bad = uext4().arg("umount").arg(&other).output().unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a uext4 mount"), "{bad:?}");
+    assert!(!fs::read_to_string("/proc/self/mounts").unwrap().contains(&*other.to_string_lossy()));
+}

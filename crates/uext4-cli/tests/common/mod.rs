@@ -1,0 +1,163 @@
+//! What the CLI tests share: running the oracles (e2fsck, the kernel's loop
+//! mount) and uext4's own FUSE mount, and skipping with a message when the
+//! machine lacks something (a failure under UEXT4_REQUIRE_ORACLES=1).
+#![allow(dead_code)]
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn required() -> bool {
+    std::env::var("UEXT4_REQUIRE_ORACLES").as_deref() == Ok("1")
+}
+
+/// Returns true (after saying why) when the test should skip.
+pub fn skip(why: &str) -> bool {
+    assert!(!required(), "UEXT4_REQUIRE_ORACLES=1 but {why}");
+    eprintln!("SKIPPED: {why}");
+    true
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{cmd:?}: {text}");
+    text
+}
+
+pub fn uext4() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_uext4"))
+}
+
+pub fn mkfs(image: &Path, size: &str) {
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(image).arg(size));
+}
+
+/// `e2fsck -fn` exits 0 and says nothing beyond its pass headers and summary.
+pub fn assert_e2fsck_clean(image: &Path) {
+    let out = Command::new("e2fsck").arg("-fn").arg(image).output().expect("run e2fsck");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let noise: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("Pass ") && !l.starts_with("e2fsck ") && !l.contains(" files (") && !l.is_empty())
+        .collect();
+    assert!(out.status.success() && noise.is_empty(), "e2fsck -fn {}:\n{text}", image.display());
+}
+
+/// The kernel's ext4 on a loop device, unmounted on drop.
+pub struct KernelMount {
+    pub dir: PathBuf,
+    _holder: tempfile::TempDir,
+}
+
+impl KernelMount {
+    pub fn new(image: &Path, options: &str) -> KernelMount {
+        let holder = tempfile::tempdir().unwrap();
+        let dir = holder.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let opts = if options.is_empty() { "loop".to_string() } else { format!("loop,{options}") };
+        run(Command::new("mount").args(["-t", "ext4", "-o", &opts]).arg(image).arg(&dir));
+        KernelMount { dir, _holder: holder }
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// Whether uext4 can FUSE-mount here (root and /dev/fuse); skips otherwise.
+pub fn fuse_available() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        return !skip("/dev/fuse is missing");
+    }
+    if !is_root() {
+        return !skip("the FUSE mount tests run as root (they also act as other users)");
+    }
+    true
+}
+
+/// `uext4 mount` of an image, unmounted (with `uext4 umount`) on drop.
+pub struct UextMount {
+    pub dir: PathBuf,
+    pub image: PathBuf,
+    mounted: bool,
+    _holder: tempfile::TempDir,
+}
+
+impl UextMount {
+    pub fn new(image: &Path, options: &str) -> UextMount {
+        let holder = tempfile::tempdir().unwrap();
+        let dir = holder.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let mut cmd = uext4();
+        cmd.arg("mount").arg(image).arg(&dir);
+        if !options.is_empty() {
+            cmd.args(["-o", options]);
+        }
+        run(&mut cmd);
+        // Others may reach the mount through this directory too (allow_other tests).
+        std::fs::set_permissions(holder.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        UextMount { dir, image: image.to_path_buf(), mounted: true, _holder: holder }
+    }
+
+    /// Unmounts; returns once the daemon has written everything back.
+    pub fn unmount(mut self) {
+        self.mounted = false;
+        run(uext4().arg("umount").arg(&self.dir));
+    }
+}
+
+impl Drop for UextMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = uext4().arg("umount").arg(&self.dir).status();
+        }
+    }
+}
+
+/// Every path under `root` with what a copy must preserve: type and mode,
+/// owner, size, mtime (ns), link count, symlink target and content digest.
+pub fn tree_listing(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let path = root.join(&rel);
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let detail = if meta.file_type().is_symlink() {
+            std::fs::read_link(&path).unwrap().display().to_string()
+        } else if meta.is_file() {
+            use sha2::Digest;
+            format!("{:x}", sha2::Sha256::digest(std::fs::read(&path).unwrap()))
+        } else {
+            String::new()
+        };
+        // A directory's size and mtime, and a new symlink's mtime, say when and
+        // where it was made, not what it holds.
+        let plain = !meta.is_dir() && !meta.file_type().is_symlink();
+        let nlink = if meta.is_dir() { 0 } else { meta.nlink() };
+        let size = if meta.is_dir() { 0 } else { meta.size() };
+        let mtime = if plain { format!("{}.{:09}", meta.mtime(), meta.mtime_nsec()) } else { "-".into() };
+        out.push(format!(
+            "{} {:o} {}:{} {size} {mtime} {nlink} {detail}",
+            rel.display(),
+            meta.mode(),
+            meta.uid(),
+            meta.gid()
+        ));
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&path).unwrap() {
+                stack.push(rel.join(e.unwrap().file_name()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
