@@ -541,8 +541,7 @@ impl Filesystem {
             let mut sb = self.sb.write();
             sb.s_free_blocks_count = self.free_blocks();
             sb.s_free_inodes_count = self.free_inodes() as u32;
-            sb.s_wtime =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            sb.s_wtime = crate::clock::coarse_seconds();
             let bytes = sb.to_bytes();
             let bs = self.geo.block_size as u64;
             let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);

@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod cache;
+pub mod clock;
 pub mod dev;
 pub mod dir;
 pub mod error;

@@ -444,9 +444,7 @@ pub fn make(dev: &dyn BlockDevice, opts: &MkfsOptions, zeroed: bool) -> Result<S
     let features = apply_features(&opts.features)?;
     let l = plan(opts, &features)?;
     let bs = l.bs as usize;
-    let now = opts.now.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-    });
+    let now = opts.now.unwrap_or_else(crate::clock::coarse_seconds);
     let metadata_csum = features[2] & RO_COMPAT_METADATA_CSUM != 0;
     let uninit = metadata_csum || features[2] & RO_COMPAT_GDT_CSUM != 0;
     let flex = features[1] & INCOMPAT_FLEX_BG != 0;
