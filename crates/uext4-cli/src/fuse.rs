@@ -441,8 +441,9 @@ impl fuser::Filesystem for Uext4Fuse {
         let mut buf = vec![0u8; size as usize];
         match self.fs.read(ino, offset, &mut buf) {
             Ok(n) => {
-                reply.data(&buf[..n]);
+                // Before the reply: a stat the reader makes next must see the new atime.
                 self.touch_atime(ino);
+                reply.data(&buf[..n]);
             }
             Err(e) => reply.error(errno(&e)),
         }
