@@ -7,12 +7,13 @@
 //! way. Without `--foreground` the daemon detaches once the mount is up and
 //! reports errors to syslog; before that, errors reach the terminal.
 
-use crate::fuse::{Uext4Fuse, TUNABLES_XATTR, TUNE_XATTR};
+use crate::fuse::server::{Allowed, Uext4Fuse};
+use crate::fuse::{SessionConfig, UringMode, TUNABLES_XATTR, TUNE_XATTR};
 use clap::Args;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,7 +28,10 @@ ro, rw                 read-only or read-write (default rw)\n  \
 allow_other            let every user use the mount (permissions still apply)\n  \
 allow_root             let root use the mount as well as its owner\n  \
 default_permissions    the kernel checks permissions by mode and owner (always on)\n  \
-threads=N              FUSE worker threads (default 4)\n  \
+threads=N              /dev/fuse worker threads (default 4)\n  \
+io_uring[=auto|on|off] requests through an io_uring queue per CPU (Linux 6.14+): auto (the\n                         \
+default) when the fuse module allows it (/sys/module/fuse/parameters/enable_uring),\n                         \
+on: always, switching that parameter on if needed (root), off: never\n  \
 commit=SECS            journal commit interval (default 5)\n  \
 cache_mb=N             buffer cache bound (default 256)\n  \
 extent_zeroout_len=N   zero out unwritten extents of up to N blocks instead of splitting\n                         \
@@ -66,6 +70,7 @@ struct MountConfig {
     allow_other: bool,
     allow_root: bool,
     threads: usize,
+    uring: UringMode,
 }
 
 fn parse_options(list: &[String]) -> Result<MountConfig> {
@@ -74,6 +79,7 @@ fn parse_options(list: &[String]) -> Result<MountConfig> {
         allow_other: false,
         allow_root: false,
         threads: 4,
+        uring: UringMode::Auto,
     };
     for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         match item.split_once('=') {
@@ -83,12 +89,21 @@ fn parse_options(list: &[String]) -> Result<MountConfig> {
                 "allow_other" => c.allow_other = true,
                 "allow_root" => c.allow_root = true,
                 "default_permissions" => {}
+                "io_uring" => c.uring = UringMode::On,
                 _ => return Err(Error::Invalid(format!("unknown mount option {item}"))),
             },
             Some(("threads", n)) => {
                 c.threads = n.parse().ok().filter(|&n| (1..=64).contains(&n)).ok_or_else(|| {
                     Error::Invalid(format!("threads={n}: want a number of worker threads from 1 to 64"))
                 })?
+            }
+            Some(("io_uring", mode)) => {
+                c.uring = match mode {
+                    "on" => UringMode::On,
+                    "off" => UringMode::Off,
+                    "auto" => UringMode::Auto,
+                    _ => return Err(Error::Invalid(format!("io_uring={mode}: want on, off or auto"))),
+                }
             }
             Some((key, value)) => c.opts.set(key, value)?,
         }
@@ -215,65 +230,87 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
         )));
     }
     fs.start_commit_timer()?;
-    // allow_other and allow_root reach the kernel through the session's ACL.
-    let options = vec![
-        fuser::MountOption::FSName(image.display().to_string()),
-        fuser::MountOption::Subtype("uext4".into()),
-        fuser::MountOption::DefaultPermissions,
-        if read_only { fuser::MountOption::RO } else { fuser::MountOption::RW },
-    ];
-    let mut fuse_config = fuser::Config::default();
-    fuse_config.mount_options = options;
-    fuse_config.acl = match (config.allow_other, config.allow_root) {
-        (true, _) => fuser::SessionACL::All,
-        (false, true) => fuser::SessionACL::RootAndOwner,
-        _ => fuser::SessionACL::Owner,
-    };
-    fuse_config.n_threads = Some(config.threads);
-    fuse_config.clone_fd = true;
-    let adapter = Uext4Fuse::new(fs.clone(), report);
-    let mounted = mount_directly(image, mountpoint, read_only, config.allow_other)
+    if config.uring == UringMode::On && !crate::fuse::uring::kernel_allows() {
+        crate::fuse::uring::kernel_allow().map_err(|e| {
+            io_error("io_uring=on: cannot switch on /sys/module/fuse/parameters/enable_uring".into(), e)
+        })?;
+    }
+    let dev = mount_fuse(image, mountpoint, read_only, config.allow_other, config.allow_root)
         .map_err(|e| io_error(format!("cannot mount on {}", mountpoint.display()), e))?;
-    let session = match mounted {
-        Some(dev) => fuser::Session::from_fd(adapter, dev, fuse_config.acl, fuse_config),
-        // Not root: fuser goes through the setuid fusermount3.
-        None => fuser::Session::new(adapter, mountpoint, &fuse_config),
-    }
-    .map_err(|e| io_error(format!("cannot mount on {}", mountpoint.display()), e))?;
-    if let Some(mut told) = status.take() {
-        let _ = writeln!(told, "mounted");
-        detach_stdio();
-    }
+    let allowed = match (config.allow_other, config.allow_root) {
+        (false, true) => Allowed::RootAndOwner(unsafe_geteuid()),
+        _ => Allowed::Everyone,
+    };
+    let server = Arc::new(Uext4Fuse::new(fs.clone(), allowed, report));
     let target = mountpoint.to_path_buf();
-    std::thread::Builder::new().name("uext4-signals".into()).spawn(move || {
-        let mut signal = 0;
-        // SAFETY: waits on the set blocked above.
-        unsafe { libc::sigwait(&signals, &mut signal) };
-        report(&format!("signal {signal}: unmounting {}", target.display()));
-        if let Err(e) = unmount(&target, true) {
-            report(&format!("unmounting after signal {signal}: {e}"));
+    let session = SessionConfig { threads: config.threads, uring: config.uring };
+    let signal_target = target.clone();
+    let served = crate::fuse::run(server, dev, &session, |_negotiated| {
+        raise_readahead(&target);
+        if let Some(mut told) = status.take() {
+            let _ = writeln!(told, "mounted");
+            detach_stdio();
         }
-    })?;
-    session.run().map_err(|e| io_error("FUSE session".into(), e))?;
+        let spawned = std::thread::Builder::new().name("uext4-signals".into()).spawn(move || {
+            let mut signal = 0;
+            // SAFETY: waits on the set blocked above.
+            unsafe { libc::sigwait(&signals, &mut signal) };
+            report(&format!("signal {signal}: unmounting {}", signal_target.display()));
+            if let Err(e) = unmount(&signal_target, true) {
+                report(&format!("unmounting after signal {signal}: {e}"));
+            }
+        });
+        if let Err(e) = spawned {
+            report(&format!("cannot watch for signals: {e}"));
+        }
+    });
+    if let Err(e) = served {
+        // Unmount what we mounted, so no dead mount is left behind.
+        let _ = unmount(mountpoint, true);
+        return Err(io_error("FUSE session".into(), e));
+    }
     // The session wrote everything back when it ended (destroy); this is the last
     // reference, and its close finds nothing left to do.
     drop(fs);
     Ok(())
 }
 
-/// As root, mounts /dev/fuse at `mountpoint` with mount(2), so that the mount
-/// shows as fuse.uext4 (fuser's own direct mount says only "fuse"); None when
-/// not permitted, leaving the mount to fusermount3.
+/// Mounts a new FUSE session at `mountpoint` and returns its /dev/fuse
+/// descriptor: with mount(2) as root, so that the mount shows as fuse.uext4,
+/// and otherwise through the setuid fusermount3, as libfuse does.
+/// allow_root reaches the kernel as allow_other; the server then refuses
+/// everyone else (see `Allowed`).
+fn mount_fuse(
+    image: &Path,
+    mountpoint: &Path,
+    read_only: bool,
+    allow_other: bool,
+    allow_root: bool,
+) -> std::io::Result<OwnedFd> {
+    let others = allow_other || allow_root;
+    if crate::fuse::server::is_root() {
+        if let Some(dev) = mount_directly(image, mountpoint, read_only, others)? {
+            return Ok(dev);
+        }
+    }
+    let mut options = format!(
+        "{},nosuid,nodev,default_permissions,fsname={},subtype=uext4",
+        if read_only { "ro" } else { "rw" },
+        image.display().to_string().replace(',', "\\,")
+    );
+    if others {
+        options.push_str(",allow_other");
+    }
+    mount_with_fusermount(mountpoint, &options)
+}
+
+/// mount(2) of /dev/fuse; None when not permitted.
 fn mount_directly(
     image: &Path,
     mountpoint: &Path,
     read_only: bool,
     allow_other: bool,
-) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Ok(None);
-    }
+) -> std::io::Result<Option<OwnedFd>> {
     let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -296,6 +333,96 @@ fn mount_directly(
         return if e.raw_os_error() == Some(libc::EPERM) { Ok(None) } else { Err(e) };
     }
     Ok(Some(dev.into()))
+}
+
+/// fusermount3's protocol: it mounts, then passes the /dev/fuse descriptor back
+/// over the Unix socket named by _FUSE_COMMFD (one byte of data, the descriptor
+/// in an SCM_RIGHTS message).
+fn mount_with_fusermount(mountpoint: &Path, options: &str) -> std::io::Result<OwnedFd> {
+    let mut pair = [0; 2];
+    // SAFETY: socketpair fills two descriptors.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and owned here alone.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    // SAFETY: fcntl on our own descriptor: ours must not leak into the helper.
+    unsafe { libc::fcntl(ours.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let tool = if Command::new("fusermount3").arg("-V").output().is_ok() { "fusermount3" } else { "fusermount" };
+    let child = Command::new(tool)
+        .arg("-o")
+        .arg(options)
+        .arg("--")
+        .arg(mountpoint)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot run {tool}: {e}")))?;
+    drop(theirs);
+    let received = receive_fd(&ours);
+    let out = child.wait_with_output()?;
+    match received {
+        Ok(fd) => Ok(fd),
+        Err(e) => {
+            let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            Err(std::io::Error::other(if said.is_empty() { format!("{tool}: {e}") } else { said }))
+        }
+    }
+}
+
+fn receive_fd(socket: &OwnedFd) -> std::io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    // Room for one cmsghdr carrying one int, aligned as the kernel wants.
+    let mut control = [0u64; 4];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: a zeroed msghdr pointing at our buffers, read by recvmsg and then
+    // walked with the CMSG macros within the control length it reports.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        let n = libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if n == 0 || cmsg.is_null() || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
+            return Err(std::io::Error::other("the mount helper sent no descriptor"));
+        }
+        let fd = (libc::CMSG_DATA(cmsg) as *const i32).read_unaligned();
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// FUSE mounts start with the kernel's default 128 KiB readahead, so a
+/// sequential read becomes a request per 128 KiB. A larger window (as root,
+/// through the mount's backing-device entry in sysfs) means fewer, larger reads.
+///
+/// The device number comes from mountinfo: a stat of the mount point would be a
+/// FUSE request to this very daemon, which does not serve yet.
+fn raise_readahead(mountpoint: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
+    let want = mountpoint.as_os_str().as_bytes();
+    let Some(device) = info
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find_map(|f| (f.len() > 4 && unescape(f[4]) == want).then(|| f[2].to_string()))
+    else {
+        return;
+    };
+    let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&knob, "1024") {
+        if crate::fuse::server::is_root() {
+            report(&format!("cannot raise readahead ({knob}): {e}"));
+        }
+    }
+}
+
+fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
 }
 
 fn detach_stdio() {
@@ -410,8 +537,9 @@ pub fn tune(a: TuneArgs) -> Result<()> {
         };
         // The kernel's name for the zero-out length, in KiB.
         let key = if key == "extent_max_zeroout_kb" { "extent_zeroout_len" } else { key };
-        let Some(line) = current.lines().find(|l| l.split('=').next() == Some(key)) else {
-            let known: Vec<&str> = current.lines().filter_map(|l| l.split('=').next()).collect();
+        let settings = || current.lines().filter(|l| !l.starts_with('#'));
+        let Some(line) = settings().find(|l| l.split('=').next() == Some(key)) else {
+            let known: Vec<&str> = settings().filter_map(|l| l.split('=').next()).collect();
             return Err(Error::Invalid(format!("unknown tunable {key} (known: {})", known.join(", "))));
         };
         if !line.ends_with("(runtime)") {
@@ -465,6 +593,10 @@ mod tests {
         assert!(e.contains("pdirops=on") && e.contains("not implemented"), "{e}");
         assert!(parse_options(&["nosuchoption".into()]).err().unwrap().to_string().contains("nosuchoption"));
         assert!(parse_options(&["threads=0".into()]).is_err());
+        assert_eq!(parse_options(&[]).unwrap().uring, UringMode::Auto);
+        assert_eq!(parse_options(&["io_uring".into()]).unwrap().uring, UringMode::On);
+        assert_eq!(parse_options(&["io_uring=off".into()]).unwrap().uring, UringMode::Off);
+        assert!(parse_options(&["io_uring=fast".into()]).err().unwrap().to_string().contains("io_uring=fast"));
     }
 
     #[test]

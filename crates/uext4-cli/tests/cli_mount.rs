@@ -26,6 +26,34 @@ fn oracles() -> bool {
     fuse_available()
 }
 
+/// Mount options for one of the two ways requests travel: through /dev/fuse,
+/// or through io_uring queues (Linux 6.14+; `io_uring=on` switches on the fuse
+/// module's enable_uring). None: this kernel has no FUSE over io_uring.
+fn transport(uring: bool) -> Option<&'static str> {
+    if !uring {
+        return Some("io_uring=off");
+    }
+    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        skip("this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)");
+        return None;
+    }
+    Some("io_uring=on")
+}
+
+/// Checks, through `uext4 tune`'s session line, that requests really came the
+/// way `uring` says: through the ring only (bar FORGETs), or never.
+fn assert_transport(mount: &Path, uring: bool) {
+    let listed = run(uext4().arg("tune").arg(mount));
+    let line = listed.lines().find(|l| l.starts_with("# requests so far")).unwrap_or_else(|| panic!("{listed}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    let (ring, device) = (numbers[0], numbers[1]);
+    if uring {
+        assert!(ring > 100 && ring > device, "io_uring=on, yet: {line}");
+    } else {
+        assert!(ring == 0 && device > 100, "io_uring=off, yet: {line}");
+    }
+}
+
 /// A source tree with files of many sizes, subdirectories, symlinks, a hard
 /// link and a fifo.
 fn make_source(root: &Path) {
@@ -60,9 +88,19 @@ rm -rf copy/d4 unpacked/d5
 
 #[test]
 fn a_shell_workload_through_the_mount_equals_the_same_on_the_host() {
+    shell_workload(false);
+}
+
+#[test]
+fn a_shell_workload_through_the_mount_over_io_uring() {
+    shell_workload(true);
+}
+
+fn shell_workload(uring: bool) {
     if !oracles() {
         return;
     }
+    let Some(options) = transport(uring) else { return };
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     make_source(&src);
@@ -77,10 +115,11 @@ fn a_shell_workload_through_the_mount_equals_the_same_on_the_host() {
 
     let image = work.path().join("img");
     mkfs(&image, "1G");
-    let m = UextMount::new(&image, "");
+    let m = UextMount::new(&image, options);
     fs::create_dir(m.dir.join("work")).unwrap();
     shell(&m.dir.join("work"));
     assert_eq!(tree_listing(&m.dir.join("work")), tree_listing(&host), "the mount's own view");
+    assert_transport(&m.dir, uring);
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");
@@ -93,15 +132,25 @@ fn a_shell_workload_through_the_mount_equals_the_same_on_the_host() {
 /// zeroed ranges on one file, every read checked against an in-memory copy.
 #[test]
 fn random_io_on_one_file_matches_an_in_memory_copy() {
+    random_io(false);
+}
+
+#[test]
+fn random_io_on_one_file_over_io_uring() {
+    random_io(true);
+}
+
+fn random_io(uring: bool) {
     if !oracles() {
         return;
     }
+    let Some(options) = transport(uring) else { return };
     const OPS: usize = 100_000;
     const MAX_SIZE: u64 = 2 << 20;
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "256M");
-    let m = UextMount::new(&image, "");
+    let m = UextMount::new(&image, options);
     let path = m.dir.join("fsx");
     let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
     let mut model: Vec<u8> = Vec::new();
@@ -194,6 +243,7 @@ fn random_io_on_one_file_matches_an_in_memory_copy() {
     eprintln!("fsx: {OPS} operations (write, read, truncate, fallocate, punch, zero): {counts:?}");
     file.sync_all().unwrap();
     drop(file);
+    assert_transport(&m.dir, uring);
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");
@@ -212,13 +262,23 @@ fn as_nobody(script: &str) -> bool {
 
 #[test]
 fn permissions_sticky_directories_and_excl_create() {
+    permissions(false);
+}
+
+#[test]
+fn permissions_sticky_directories_and_excl_create_over_io_uring() {
+    permissions(true);
+}
+
+fn permissions(uring: bool) {
     if !oracles() {
         return;
     }
+    let Some(options) = transport(uring) else { return };
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "128M");
-    let m = UextMount::new(&image, "allow_other");
+    let m = UextMount::new(&image, &format!("allow_other,{options}"));
     let d = &m.dir;
     fs::write(d.join("rootfile"), "root's").unwrap();
     fs::set_permissions(d.join("rootfile"), fs::Permissions::from_mode(0o644)).unwrap();
@@ -254,13 +314,23 @@ fn permissions_sticky_directories_and_excl_create() {
 
 #[test]
 fn renames_over_directories_link_counts_and_unlinked_open_files() {
+    renames_and_unlinked_files(false);
+}
+
+#[test]
+fn renames_over_directories_link_counts_and_unlinked_open_files_over_io_uring() {
+    renames_and_unlinked_files(true);
+}
+
+fn renames_and_unlinked_files(uring: bool) {
     if !oracles() {
         return;
     }
+    let Some(options) = transport(uring) else { return };
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "128M");
-    let m = UextMount::new(&image, "");
+    let m = UextMount::new(&image, options);
     let d = &m.dir;
     let nlink = |rel: &str| fs::symlink_metadata(d.join(rel)).unwrap().nlink();
 

@@ -1,0 +1,637 @@
+//! The filesystem behind a FUSE session: every request becomes a library call.
+//!
+//! Node ids are ext4 inode numbers, except that FUSE's root (1) is ext4's root
+//! (2). Each lookup the kernel holds pins its inode as an open file does in the
+//! library: an inode unlinked while the kernel still knows it lives on (on the
+//! orphan list) until the kernel forgets it, and whatever the kernel still holds
+//! when the session ends is let go then. A directory's listing is taken whole at
+//! opendir; readdir offsets index that snapshot, so they stay valid however the
+//! directory changes meanwhile (POSIX leaves open whether entries added or
+//! removed since opendir appear). Requests arrive on several threads at once;
+//! the library's own locks order concurrent changes.
+//!
+//! Permissions are the kernel's to check (the mount has default_permissions).
+//! The kernel leaves clearing setuid/setgid on write, truncate and chown to this
+//! server (FUSE_HANDLE_KILLPRIV_V2), which saves it a getxattr of
+//! security.capability before every write.
+//!
+//! Runtime tuning uses two virtual xattrs of the mount's root, which never reach
+//! the image: reading `trusted.uext4.tunables` lists every tunable, writing
+//! `key=value` to `trusted.uext4.tune` changes a runtime one.
+
+use super::abi::{self, Attr, InHeader, Op, Payload, SetattrIn};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use uext4::format::inode::Timestamp;
+use uext4::{Filesystem, Owner, SetAttr, Stat, ROOT_INO};
+
+pub const TUNE_XATTR: &str = "trusted.uext4.tune";
+pub const TUNABLES_XATTR: &str = "trusted.uext4.tunables";
+
+/// How long the kernel may trust attributes and names (seconds, nanoseconds).
+/// uext4 is the image's only writer while mounted, so every change passes
+/// through the kernel, which updates or drops what it cached itself.
+const TTL: (u64, u32) = (1, 0);
+
+const S_ISUID: u16 = 0o4000;
+const S_ISGID: u16 = 0o2000;
+const S_IXGRP: u16 = 0o0010;
+/// fuse_setattr_in.valid: the caller lacks CAP_FSETID; clear setuid/setgid.
+const FATTR_KILL_SUIDGID: u32 = 1 << 11;
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+/// Open-reply flag: keep the page cache across opens (nobody else writes the image).
+const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Who may use the mount, beyond what the kernel checks: with allow_root the
+/// kernel lets everyone in (allow_other) and the server turns away all but
+/// root and the mount's owner.
+#[derive(Clone, Copy, Debug)]
+pub enum Allowed {
+    Everyone,
+    RootAndOwner(u32),
+}
+
+/// What a handled request answers: nothing (FORGET), or an error number with
+/// the payload written so far (0: success).
+pub type Answer = Option<i32>;
+
+struct Entry {
+    ino: u32,
+    /// d_type, as FUSE's dirent carries it.
+    kind: u32,
+    name: Vec<u8>,
+}
+
+pub struct Uext4Fuse {
+    fs: Arc<Filesystem>,
+    /// Lookups the kernel holds per inode (the root's are not counted).
+    lookups: Mutex<HashMap<u32, u64>>,
+    /// Directory listings of open directory handles.
+    listings: Mutex<HashMap<u64, Arc<Vec<Entry>>>>,
+    next_handle: AtomicU64,
+    allowed: Allowed,
+    /// Requests answered through the io_uring queues and through /dev/fuse.
+    ring_requests: AtomicU64,
+    device_requests: AtomicU64,
+    /// Errors go here once the session runs (stderr, or syslog when detached).
+    log: fn(&str),
+}
+
+fn ext_ino(nodeid: u64) -> u32 {
+    match nodeid {
+        abi::FUSE_ROOT_ID => ROOT_INO,
+        // ext4 numbers fit 32 bits; anything else names no inode (lookups fail).
+        n => u32::try_from(n).unwrap_or(0),
+    }
+}
+
+fn node_id(ino: u32) -> u64 {
+    if ino == ROOT_INO {
+        abi::FUSE_ROOT_ID
+    } else {
+        ino as u64
+    }
+}
+
+fn errno(e: &uext4::Error) -> i32 {
+    e.errno()
+}
+
+fn fuse_time(t: Timestamp) -> (u64, u32) {
+    (t.sec as u64, t.nsec)
+}
+
+fn timestamp_of(sec: u64, nsec: u32) -> Timestamp {
+    Timestamp { sec: sec as i64, nsec: nsec.min(999_999_999) }
+}
+
+fn now() -> Timestamp {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+}
+
+/// d_type of an ext4 directory entry type (EXT4_FT_*).
+fn dtype_of_dirent(ft: u8) -> u32 {
+    match ft {
+        1 => libc::DT_REG as u32,
+        2 => libc::DT_DIR as u32,
+        3 => libc::DT_CHR as u32,
+        4 => libc::DT_BLK as u32,
+        5 => libc::DT_FIFO as u32,
+        6 => libc::DT_SOCK as u32,
+        7 => libc::DT_LNK as u32,
+        _ => libc::DT_UNKNOWN as u32,
+    }
+}
+
+impl Uext4Fuse {
+    pub fn new(fs: Arc<Filesystem>, allowed: Allowed, log: fn(&str)) -> Uext4Fuse {
+        Uext4Fuse {
+            fs,
+            lookups: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            allowed,
+            ring_requests: AtomicU64::new(0),
+            device_requests: AtomicU64::new(0),
+            log,
+        }
+    }
+
+    pub fn log(&self, message: &str) {
+        (self.log)(message)
+    }
+
+    fn attr(&self, st: &Stat) -> Attr {
+        let (major, minor) = st.rdev;
+        Attr {
+            ino: node_id(st.ino),
+            size: st.size,
+            blocks: st.blocks,
+            atime: fuse_time(st.atime),
+            mtime: fuse_time(st.mtime),
+            ctime: fuse_time(st.ctime),
+            mode: st.mode(),
+            nlink: st.nlink,
+            uid: st.uid,
+            gid: st.gid,
+            // The kernel's new_encode_dev for the FUSE attr's 32-bit rdev.
+            rdev: (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12),
+            blksize: self.fs.geometry().block_size as u32,
+        }
+    }
+
+    /// One more kernel reference to `ino`: the first one pins the inode.
+    fn pin(&self, ino: u32) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut lookups = self.lookups.lock();
+        let n = lookups.entry(ino).or_insert(0);
+        if *n == 0 {
+            if let Err(e) = self.fs.open_inode(ino) {
+                self.log(&format!("pinning inode {ino}: {e}"));
+            }
+        }
+        *n += 1;
+    }
+
+    fn unpin(&self, ino: u32, count: u64) {
+        let last = {
+            let mut lookups = self.lookups.lock();
+            let Some(n) = lookups.get_mut(&ino) else { return };
+            *n = n.saturating_sub(count);
+            *n == 0 && lookups.remove(&ino).is_some()
+        };
+        if last {
+            if let Err(e) = self.fs.close_inode(ino) {
+                self.log(&format!("releasing inode {ino}: {e}"));
+            }
+        }
+    }
+
+    /// An entry reply for a new or found inode, which the kernel now holds.
+    fn entry(&self, st: uext4::Result<Stat>, out: &mut Payload) -> Answer {
+        match st {
+            Ok(st) => {
+                self.pin(st.ino);
+                out.entry_out(&self.attr(&st), st.generation as u64, TTL);
+                Some(0)
+            }
+            Err(e) => Some(errno(&e)),
+        }
+    }
+
+    fn done(result: uext4::Result<()>) -> Answer {
+        Some(result.err().map_or(0, |e| errno(&e)))
+    }
+
+    /// Owner of a new inode: the caller, with the group of a setgid parent.
+    /// Returns it with the permission bits after the umask (and a new
+    /// directory's inherited setgid bit).
+    fn new_owner(&self, h: &InHeader, parent: u32, mode: u32, umask: u32, is_dir: bool) -> uext4::Result<(Owner, u16)> {
+        let parent = self.fs.stat(parent)?;
+        let mut perm = (mode & !umask & 0o7777) as u16;
+        let mut gid = h.gid;
+        if parent.perm & S_ISGID != 0 {
+            gid = parent.gid;
+            if is_dir {
+                perm |= S_ISGID;
+            }
+        }
+        Ok((Owner { uid: h.uid, gid }, perm))
+    }
+
+    /// Clears setuid, and setgid where it means "set group ID" (group-executable),
+    /// and drops file capabilities: what the kernel does on a write, truncate or
+    /// chown by someone without CAP_FSETID.
+    fn kill_privileges(&self, ino: u32, st: &Stat, attr: &mut SetAttr) -> uext4::Result<()> {
+        if st.file_type != uext4::FileType::Regular {
+            return Ok(());
+        }
+        let mut kill = S_ISUID;
+        if st.perm & S_IXGRP != 0 {
+            kill |= S_ISGID;
+        }
+        let perm = attr.perm.unwrap_or(st.perm);
+        if perm & kill != 0 {
+            attr.perm = Some(perm & !kill);
+        }
+        match self.fs.remove_xattr(ino, CAPABILITY_XATTR) {
+            Ok(()) | Err(uext4::Error::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn listing(&self, ino: u32) -> uext4::Result<Vec<Entry>> {
+        Ok(self
+            .fs
+            .read_dir(ino)?
+            .into_iter()
+            .map(|e| Entry { ino: e.ino, kind: dtype_of_dirent(e.file_type), name: e.name })
+            .collect())
+    }
+
+    /// relatime, as the kernel's ext4 mounts by default: a read (or a listing)
+    /// moves atime only when it is not newer than mtime or ctime, or is a day old.
+    fn touch_atime(&self, ino: u32) {
+        if self.fs.is_read_only() {
+            return;
+        }
+        let Ok(st) = self.fs.stat(ino) else { return };
+        let now = now();
+        let stale = st.atime <= st.mtime || st.atime <= st.ctime || now.sec - st.atime.sec >= 24 * 3600;
+        if stale {
+            let attr = SetAttr { atime: Some(now), ctime: Some(st.ctime), ..SetAttr::default() };
+            if let Err(e) = self.fs.setattr(ino, &attr) {
+                self.log(&format!("updating atime of inode {ino}: {e}"));
+            }
+        }
+    }
+
+    /// Counts a request by the way it came (for the session line of `uext4 tune`).
+    pub fn count(&self, through_ring: bool) {
+        let counter = if through_ring { &self.ring_requests } else { &self.device_requests };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn tunables_text(&self) -> String {
+        let mut text: String = self
+            .fs
+            .tunables()
+            .iter()
+            .map(|t| format!("{}={}{}\n", t.name, t.value, if t.runtime { " (runtime)" } else { "" }))
+            .collect();
+        text.push_str(&format!(
+            "# requests so far: {} through io_uring, {} through /dev/fuse\n",
+            self.ring_requests.load(Ordering::Relaxed),
+            self.device_requests.load(Ordering::Relaxed)
+        ));
+        text
+    }
+
+    /// The session is over: let go of every inode the kernel held and write
+    /// everything back.
+    pub fn destroy(&self) {
+        let held: Vec<u32> = self.lookups.lock().drain().map(|(ino, _)| ino).collect();
+        for ino in held {
+            if let Err(e) = self.fs.close_inode(ino) {
+                self.log(&format!("releasing inode {ino} at unmount: {e}"));
+            }
+        }
+        if let Err(e) = self.fs.sync() {
+            self.log(&format!("writing back at unmount failed: {e}"));
+        }
+    }
+
+    /// Answers one request, writing the reply's payload into `out`.
+    pub fn handle(&self, h: &InHeader, op: Op, out: &mut Payload) -> Answer {
+        let ino = ext_ino(h.nodeid);
+        if let Allowed::RootAndOwner(owner) = self.allowed {
+            // What the kernel sends on its own account (readahead, writeback,
+            // forgets, closes) may carry any uid; everything else is turned away.
+            let kernel_may_send = matches!(
+                op,
+                Op::Read { .. }
+                    | Op::Readdir { .. }
+                    | Op::Forget { .. }
+                    | Op::BatchForget { .. }
+                    | Op::Interrupt
+                    | Op::Release
+                    | Op::Releasedir { .. }
+            );
+            if h.uid != owner && h.uid != 0 && !kernel_may_send {
+                return Some(libc::EACCES);
+            }
+        }
+        match op {
+            // The session answers these itself.
+            Op::Init { .. } | Op::Destroy => Some(libc::EIO),
+            Op::Interrupt => None,
+            Op::Forget { nlookup } => {
+                self.unpin(ino, nlookup);
+                None
+            }
+            Op::BatchForget { records } => {
+                for (node, nlookup) in abi::forget_records(records) {
+                    self.unpin(ext_ino(node), nlookup);
+                }
+                None
+            }
+            Op::Lookup { name } => match self.fs.lookup(ino, name) {
+                Ok(Some(found)) => self.entry(self.fs.stat(found), out),
+                Ok(None) => {
+                    // Node id 0 with a lifetime: the kernel caches the miss.
+                    out.entry_out(&Attr::default(), 0, TTL);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Getattr => match self.fs.stat(ino) {
+                Ok(st) => {
+                    out.attr_out(&self.attr(&st), TTL);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Setattr(s) => self.setattr(h, ino, &s, out),
+            Op::Readlink => match self.fs.read_link(ino) {
+                Ok(target) => Some(if out.put(&target) { 0 } else { libc::ENAMETOOLONG }),
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Mknod { mode, rdev, umask, name } => {
+                let made = self.new_owner(h, ino, mode, umask, false).and_then(|(owner, perm)| {
+                    let kind = (mode & libc::S_IFMT) as u16;
+                    if kind == libc::S_IFREG as u16 || kind == 0 {
+                        return self.fs.create(ino, name, perm, owner);
+                    }
+                    // The request carries the kernel's new_encode_dev form.
+                    let (major, minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
+                    self.fs.mknod(ino, name, kind | perm, (major, minor), owner)
+                });
+                self.entry(made, out)
+            }
+            Op::Mkdir { mode, umask, name } => {
+                let made = self
+                    .new_owner(h, ino, mode, umask, true)
+                    .and_then(|(owner, perm)| self.fs.mkdir(ino, name, perm, owner));
+                self.entry(made, out)
+            }
+            Op::Symlink { name, target } => {
+                let made = self.fs.symlink(ino, name, target, Owner { uid: h.uid, gid: h.gid });
+                self.entry(made, out)
+            }
+            Op::Unlink { name } => Self::done(self.fs.unlink(ino, name)),
+            Op::Rmdir { name } => Self::done(self.fs.rmdir(ino, name)),
+            Op::Rename { newdir, flags, name, newname } => {
+                Self::done(self.fs.rename(ino, name, ext_ino(newdir), newname, flags))
+            }
+            Op::Link { oldnodeid, name } => self.entry(self.fs.link(ext_ino(oldnodeid), ino, name), out),
+            Op::Open => match self.fs.open_inode(ino) {
+                Ok(()) => {
+                    out.open_out(0, FOPEN_KEEP_CACHE);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Create { mode, umask, name } => {
+                let made = self
+                    .new_owner(h, ino, mode, umask, false)
+                    .and_then(|(owner, perm)| self.fs.create(ino, name, perm, owner))
+                    .and_then(|st| self.fs.open_inode(st.ino).map(|()| st));
+                match made {
+                    Ok(st) => {
+                        self.pin(st.ino);
+                        out.entry_out(&self.attr(&st), st.generation as u64, TTL);
+                        out.open_out(0, FOPEN_KEEP_CACHE);
+                        Some(0)
+                    }
+                    Err(e) => Some(errno(&e)),
+                }
+            }
+            Op::Read { offset, size } => {
+                let want = (size as usize).min(out.capacity());
+                match self.fs.read(ino, offset, &mut out.spare()[..want]) {
+                    Ok(n) => {
+                        out.advance(n);
+                        // Before the reply: a stat the reader makes next must see the new atime.
+                        self.touch_atime(ino);
+                        Some(0)
+                    }
+                    Err(e) => Some(errno(&e)),
+                }
+            }
+            Op::Write { offset, write_flags, data } => {
+                if write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0 {
+                    let killed = self.fs.stat(ino).and_then(|st| {
+                        let mut attr = SetAttr::default();
+                        self.kill_privileges(ino, &st, &mut attr)?;
+                        if attr.perm.is_some() {
+                            self.fs.setattr(ino, &attr)?;
+                        }
+                        Ok(())
+                    });
+                    if let Err(e) = killed {
+                        return Some(errno(&e));
+                    }
+                }
+                match self.fs.write(ino, offset, data) {
+                    Ok(n) => {
+                        out.size_out(n as u32);
+                        Some(0)
+                    }
+                    Err(e) => Some(errno(&e)),
+                }
+            }
+            Op::Statfs => {
+                let s = self.fs.statfs();
+                out.statfs_out(
+                    s.blocks,
+                    s.free_blocks,
+                    s.available_blocks,
+                    s.inodes,
+                    s.free_inodes,
+                    s.block_size,
+                    s.name_max,
+                );
+                Some(0)
+            }
+            Op::Release => Self::done(self.fs.close_inode(ino)),
+            // Nothing is buffered here: data went to the image in `write`. ENOSYS
+            // tells the kernel so once, and it stops sending a flush on every close.
+            Op::Flush => Some(libc::ENOSYS),
+            Op::Fsync | Op::Fsyncdir => Self::done(self.fs.fsync(ino)),
+            Op::Setxattr { flags, name, value } => self.setxattr(ino, flags, name, value),
+            Op::Getxattr { size, name } => {
+                let value = if name == TUNABLES_XATTR.as_bytes() && ino == ROOT_INO {
+                    Ok(Some(self.tunables_text().into_bytes()))
+                } else {
+                    self.fs.get_xattr(ino, name)
+                };
+                match value {
+                    Ok(Some(v)) => sized(out, size, &v),
+                    Ok(None) => Some(libc::ENODATA),
+                    Err(e) => Some(errno(&e)),
+                }
+            }
+            Op::Listxattr { size } => match self.fs.xattrs(ino) {
+                Ok(attrs) => {
+                    let mut names = Vec::new();
+                    for (name, _) in attrs {
+                        names.extend_from_slice(&name);
+                        names.push(0);
+                    }
+                    sized(out, size, &names)
+                }
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Removexattr { name } => match self.fs.remove_xattr(ino, name) {
+                Ok(()) => Some(0),
+                Err(uext4::Error::NotFound(_)) => Some(libc::ENODATA),
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Opendir => match self.listing(ino) {
+                Ok(entries) => {
+                    let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+                    self.listings.lock().insert(fh, Arc::new(entries));
+                    out.open_out(fh, 0);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            },
+            Op::Readdir { fh, offset, size, plus } => self.readdir(ino, fh, offset, size, plus, out),
+            Op::Releasedir { fh } => {
+                self.listings.lock().remove(&fh);
+                Some(0)
+            }
+            // Permission checks are the kernel's (default_permissions); this only
+            // answers whether the inode exists.
+            Op::Access => Self::done(self.fs.stat(ino).map(|_| ())),
+            Op::Fallocate { offset, length, mode } => Self::done(self.fs.fallocate(ino, offset, length, mode)),
+            Op::Lseek { offset, whence } => {
+                let data = match whence as i32 {
+                    libc::SEEK_DATA => true,
+                    libc::SEEK_HOLE => false,
+                    _ => return Some(libc::EINVAL),
+                };
+                match self.fs.seek_data_or_hole(ino, offset, data) {
+                    Ok(Some(at)) => {
+                        out.lseek_out(at);
+                        Some(0)
+                    }
+                    Ok(None) => Some(libc::ENXIO),
+                    Err(e) => Some(errno(&e)),
+                }
+            }
+            Op::Other => Some(libc::ENOSYS),
+        }
+    }
+
+    fn setattr(&self, h: &InHeader, ino: u32, s: &SetattrIn, out: &mut Payload) -> Answer {
+        let time = |set: u32, now_flag: u32, (sec, nsec): (u64, u32)| {
+            if s.valid & now_flag != 0 {
+                Some(now())
+            } else if s.valid & set != 0 {
+                Some(timestamp_of(sec, nsec))
+            } else {
+                None
+            }
+        };
+        let mut attr = SetAttr {
+            perm: (s.valid & abi::FATTR_MODE != 0).then_some((s.mode & 0o7777) as u16),
+            uid: (s.valid & abi::FATTR_UID != 0).then_some(s.uid),
+            gid: (s.valid & abi::FATTR_GID != 0).then_some(s.gid),
+            size: (s.valid & abi::FATTR_SIZE != 0).then_some(s.size),
+            atime: time(abi::FATTR_ATIME, abi::FATTR_ATIME_NOW, s.atime),
+            mtime: time(abi::FATTR_MTIME, abi::FATTR_MTIME_NOW, s.mtime),
+            ctime: (s.valid & abi::FATTR_CTIME != 0).then_some(timestamp_of(s.ctime.0, s.ctime.1)),
+        };
+        // A chown by anyone but root, or a truncate by someone without
+        // CAP_FSETID, drops setuid and setgid, as the kernel's ext4 does.
+        let chown = attr.uid.is_some() || attr.gid.is_some();
+        if s.valid & FATTR_KILL_SUIDGID != 0 || (chown && attr.perm.is_none() && h.uid != 0) {
+            let killed = self.fs.stat(ino).and_then(|st| self.kill_privileges(ino, &st, &mut attr));
+            if let Err(e) = killed {
+                return Some(errno(&e));
+            }
+        }
+        match self.fs.setattr(ino, &attr) {
+            Ok(st) => {
+                out.attr_out(&self.attr(&st), TTL);
+                Some(0)
+            }
+            Err(e) => Some(errno(&e)),
+        }
+    }
+
+    fn setxattr(&self, ino: u32, flags: u32, name: &[u8], value: &[u8]) -> Answer {
+        if name == TUNE_XATTR.as_bytes() && ino == ROOT_INO {
+            let text = String::from_utf8_lossy(value);
+            let result = match text.trim().split_once('=') {
+                Some((key, value)) => self.fs.set_tunable(key.trim(), value.trim()),
+                None => Err(uext4::Error::Invalid(format!("'{text}' is not key=value"))),
+            };
+            if let Err(e) = &result {
+                self.log(&format!("tune: {e}"));
+            }
+            return Self::done(result);
+        }
+        match self.fs.set_xattr(ino, name, value, flags) {
+            Ok(()) => Some(0),
+            Err(uext4::Error::NotFound(_)) => Some(libc::ENODATA),
+            Err(e) => Some(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, ino: u32, fh: u64, offset: u64, size: u32, plus: bool, out: &mut Payload) -> Answer {
+        let Some(entries) = self.listings.lock().get(&fh).cloned() else {
+            return Some(libc::EBADF);
+        };
+        if offset == 0 {
+            self.touch_atime(ino);
+        }
+        let spare = out.spare();
+        let room_len = (size as usize).min(spare.len());
+        let mut room = Payload::new(&mut spare[..room_len]);
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            let next = i as u64 + 1;
+            if !plus {
+                if !room.dirent(node_id(e.ino), next, e.kind, &e.name) {
+                    break;
+                }
+                continue;
+            }
+            // Removed since opendir: leave it out rather than fail the listing.
+            let Ok(st) = self.fs.stat(e.ino) else { continue };
+            if !room.direntplus(&self.attr(&st), st.generation as u64, TTL, next, e.kind, &e.name) {
+                break;
+            }
+            // The kernel takes a lookup reference for every entry but . and ..
+            if e.name != b"." && e.name != b".." {
+                self.pin(e.ino);
+            }
+        }
+        let n = room.len();
+        out.advance(n);
+        Some(0)
+    }
+}
+
+/// getxattr/listxattr: size 0 asks how big; too small a buffer is ERANGE.
+fn sized(out: &mut Payload, size: u32, value: &[u8]) -> Answer {
+    if size == 0 {
+        out.size_out(value.len() as u32);
+        Some(0)
+    } else if value.len() > size as usize || !out.put(value) {
+        Some(libc::ERANGE)
+    } else {
+        Some(0)
+    }
+}
