@@ -38,8 +38,9 @@ impl std::fmt::Display for BenchError {
 impl std::error::Error for BenchError {}
 
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Workloads: `uext4 bench list`. Targets: uext4 (the library), uext4-fuse, kernel, fuse2fs,\n\
-and uext4-nojournal, kernel-nojournal (images made with -O ^has_journal: with their journaled twins,\n\
+#[command(after_help = "Workloads: `uext4 bench list`. Targets: uext4 (the library), uext4-fuse (its mount,\n\
+requests through /dev/fuse), uext4-fuse-uring (through io_uring: switches on the fuse module's enable_uring),\n\
+kernel, fuse2fs, and uext4-nojournal, kernel-nojournal (images made with -O ^has_journal: with their journaled twins,\n\
 the tables show what journaling costs each).\n\
 Every run uses a fresh image from mkfs.ext4 -b 4096 and is checked with e2fsck -fn afterwards.")]
 pub struct BenchArgs {
@@ -50,7 +51,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Comma-separated targets; ones that cannot run here are reported as skipped
-    #[arg(long, value_delimiter = ',', default_value = "uext4,uext4-fuse,kernel,fuse2fs")]
+    #[arg(long, value_delimiter = ',', default_value = "uext4,uext4-fuse,uext4-fuse-uring,kernel,fuse2fs")]
     pub targets: Vec<String>,
     /// Runs per target (the medians are over these)
     #[arg(long, default_value_t = 3)]

@@ -20,8 +20,11 @@ use std::time::{Duration, Instant};
 pub enum Target {
     /// uext4's library, called in this process.
     Uext4,
-    /// uext4 mounted through FUSE.
+    /// uext4 mounted through FUSE, requests through /dev/fuse.
     Uext4Fuse,
+    /// uext4 mounted through FUSE, requests through io_uring queues.
+    #[serde(rename = "uext4-fuse-uring")]
+    Uext4FuseUring,
     /// The kernel's ext4 on a loop device.
     Kernel,
     /// e2fsprogs' FUSE driver.
@@ -35,9 +38,10 @@ pub enum Target {
     KernelNoJournal,
 }
 
-pub const ALL_TARGETS: [Target; 6] = [
+pub const ALL_TARGETS: [Target; 7] = [
     Target::Uext4,
     Target::Uext4Fuse,
+    Target::Uext4FuseUring,
     Target::Kernel,
     Target::Fuse2fs,
     Target::Uext4NoJournal,
@@ -49,6 +53,7 @@ impl Target {
         match self {
             Target::Uext4 => "uext4",
             Target::Uext4Fuse => "uext4-fuse",
+            Target::Uext4FuseUring => "uext4-fuse-uring",
             Target::Kernel => "kernel",
             Target::Fuse2fs => "fuse2fs",
             Target::Uext4NoJournal => "uext4-nojournal",
@@ -78,7 +83,21 @@ impl Target {
     pub fn unavailable_because(self) -> Option<String> {
         match self {
             Target::Uext4 | Target::Uext4NoJournal => None,
-            Target::Uext4Fuse => Some("uext4 has no FUSE mount yet (issue 6)".into()),
+            Target::Uext4Fuse | Target::Uext4FuseUring => {
+                if uext4_binary().is_none() {
+                    Some("the uext4 binary is not known (run as `uext4 bench`, or set UEXT4_BIN)".into())
+                } else if !Path::new("/dev/fuse").exists() {
+                    Some("/dev/fuse is missing".into())
+                } else if !is_root() {
+                    Some("mounting an image here needs root".into())
+                } else if self == Target::Uext4FuseUring
+                    && !Path::new("/sys/module/fuse/parameters/enable_uring").exists()
+                {
+                    Some("this kernel has no FUSE over io_uring (Linux 6.14+)".into())
+                } else {
+                    None
+                }
+            }
             Target::Kernel | Target::KernelNoJournal => {
                 if !is_root() {
                     Some("loop-mounting an image needs root".into())
@@ -112,7 +131,8 @@ impl Target {
             Target::Uext4 | Target::Uext4NoJournal => Ok(Box::new(Uext4Session::open(image)?)),
             Target::Kernel | Target::KernelNoJournal => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
             Target::Fuse2fs => Ok(Box::new(Fuse2fsSession::mount(image, mountpoint)?)),
-            Target::Uext4Fuse => Err(BenchError(self.unavailable_because().unwrap_or_default())),
+            Target::Uext4Fuse => Ok(Box::new(Uext4FuseSession::mount(image, mountpoint, "io_uring=off")?)),
+            Target::Uext4FuseUring => Ok(Box::new(Uext4FuseSession::mount(image, mountpoint, "io_uring=on")?)),
         }
     }
 }
@@ -332,6 +352,102 @@ impl Session for Fuse2fsSession {
 }
 
 impl Drop for Fuse2fsSession {
+    fn drop(&mut self) {
+        if self.daemon.is_some() {
+            let _ = self.unmount();
+        }
+    }
+}
+
+/// The uext4 binary that mounts: $UEXT4_BIN, or this program when it is uext4.
+fn uext4_binary() -> Option<PathBuf> {
+    if let Some(bin) = std::env::var_os("UEXT4_BIN") {
+        return Some(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().ok()?;
+    (exe.file_name()? == "uext4").then_some(exe)
+}
+
+/// `uext4 mount --foreground` as a child process, like fuse2fs above: its CPU
+/// time counts, and unmounting waits for it to have written everything back.
+struct Uext4FuseSession {
+    image: PathBuf,
+    options: &'static str,
+    ops: PosixOps,
+    daemon: Option<Child>,
+}
+
+impl Uext4FuseSession {
+    fn mount(image: &Path, mountpoint: &Path, options: &'static str) -> Result<Uext4FuseSession, BenchError> {
+        let bin = uext4_binary().ok_or_else(|| BenchError("the uext4 binary is not known".into()))?;
+        let daemon = Command::new(bin)
+            .arg("mount")
+            .arg("--foreground")
+            .arg("-o")
+            .arg(options)
+            .arg(image)
+            .arg(mountpoint)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| BenchError(format!("starting uext4 mount: {e}")))?;
+        let mut session = Uext4FuseSession {
+            image: image.to_path_buf(),
+            options,
+            // syncfs does not reach a FUSE daemon; an fsync does (a journal commit).
+            ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: true },
+            daemon: Some(daemon),
+        };
+        let up = wait_until("uext4 to mount", Duration::from_secs(20), || {
+            is_mounted(mountpoint) || session.daemon.as_mut().is_some_and(|d| matches!(d.try_wait(), Ok(Some(_))))
+        });
+        if up.is_err() || !is_mounted(mountpoint) {
+            let mut daemon = session.daemon.take().unwrap();
+            let _ = daemon.kill();
+            let out = daemon.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
+            return Err(BenchError(format!("uext4 did not mount {}: {}", image.display(), out.unwrap_or_default())));
+        }
+        Ok(session)
+    }
+
+    fn unmount(&mut self) -> Result<(), BenchError> {
+        let fusermount = if on_path("fusermount3") { "fusermount3" } else { "fusermount" };
+        run_tool(Command::new(fusermount).arg("-u").arg(&self.ops.root))?;
+        if let Some(daemon) = self.daemon.take() {
+            let out = daemon.wait_with_output().map_err(|e| BenchError(format!("waiting for uext4 mount: {e}")))?;
+            if !out.status.success() {
+                return Err(BenchError(format!(
+                    "uext4 mount exited with {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Session for Uext4FuseSession {
+    fn ops(&self) -> &dyn FsOps {
+        &self.ops
+    }
+
+    fn helper_usage(&self) -> Usage {
+        self.daemon.as_ref().map(|d| process_usage(d.id())).unwrap_or_default()
+    }
+
+    fn restart(&mut self) -> Result<(), BenchError> {
+        self.unmount()?;
+        *self = Uext4FuseSession::mount(&self.image, &self.ops.root, self.options)?;
+        Ok(())
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<(), BenchError> {
+        self.unmount()
+    }
+}
+
+impl Drop for Uext4FuseSession {
     fn drop(&mut self) {
         if self.daemon.is_some() {
             let _ = self.unmount();

@@ -55,6 +55,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &Untar,
         &Populate,
         &FsyncFiles,
+        &ParallelWriters,
     ]
 }
 
@@ -544,6 +545,58 @@ impl Workload for FsyncFiles {
             }
             Ok(())
         })
+    }
+}
+
+/// Several threads creating files in one shared directory at once: what the
+/// directory's locking lets through (the kernel's ext4 serialises creates in one
+/// directory on its inode lock; fuse2fs serialises everything).
+struct ParallelWriters;
+
+impl ParallelWriters {
+    fn files(quick: bool) -> u64 {
+        if quick {
+            2_000
+        } else {
+            16_000
+        }
+    }
+}
+
+impl Workload for ParallelWriters {
+    fn name(&self) -> &'static str {
+        "parallel"
+    }
+    fn about(&self) -> &'static str {
+        "2, then 4 threads creating 4 KiB files in one shared directory"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!("{} files per phase, split between the threads", Self::files(quick))
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let n = Self::files(quick);
+        phases.untimed(&mut |fs| fs.mkdir("shared", 0o755))?;
+        for threads in [2u64, 4] {
+            phases.timed(&format!("{threads} writers"), n, &mut |fs| {
+                std::thread::scope(|s| {
+                    let workers: Vec<_> = (0..threads)
+                        .map(|t| {
+                            s.spawn(move || -> io::Result<()> {
+                                let body = pattern(t, 4096);
+                                for i in 0..n / threads {
+                                    fs.create(&format!("shared/w{threads}-{t}-{i:06}"), 0o644)?.write_at(0, &body)?;
+                                }
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    workers
+                        .into_iter()
+                        .try_for_each(|w| w.join().unwrap_or_else(|_| Err(io::Error::other("a writer panicked"))))
+                })
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -51,7 +51,8 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         return;
     }
     let names = workload_names();
-    for expected in ["smallfiles", "tree", "seqio", "randwrite", "randwrite-fsync", "untar", "populate", "fsync-files"]
+    for expected in
+        ["smallfiles", "tree", "seqio", "randwrite", "randwrite-fsync", "untar", "populate", "fsync-files", "parallel"]
     {
         assert!(names.iter().any(|n| n == expected), "bench list lacks {expected}: {names:?}");
     }
@@ -74,7 +75,7 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         .map(|s| (s["target"].as_str().unwrap().to_string(), s["reason"].as_str().unwrap().to_string()))
         .collect();
     // Every target the command was asked for is either measured or skipped with a reason.
-    for t in ["uext4", "uext4-fuse", "kernel", "fuse2fs"] {
+    for t in ["uext4", "uext4-fuse", "uext4-fuse-uring", "kernel", "fuse2fs"] {
         assert!(targets.contains(t) != skipped.contains_key(t), "{t}: targets {targets:?}, skipped {skipped:?}");
         if let Some(reason) = skipped.get(t) {
             assert!(!reason.is_empty());
@@ -82,7 +83,7 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         }
     }
     assert!(targets.contains("uext4"));
-    for t in ["kernel", "fuse2fs"] {
+    for t in ["uext4-fuse", "uext4-fuse-uring", "kernel", "fuse2fs"] {
         if !targets.contains(t) {
             assert!(!oracles_required(), "target {t} was skipped: {}", skipped[t]);
             eprintln!("NOTE: target {t} skipped here: {}", skipped[t]);
