@@ -185,11 +185,8 @@ pub enum Op<'a> {
         name: &'a [u8],
     },
     Open,
-    Create {
-        mode: u32,
-        umask: u32,
-        name: &'a [u8],
-    },
+    /// Create and open in one (answered ENOSYS: see the server).
+    Create,
     Read {
         offset: u64,
         size: u32,
@@ -333,7 +330,7 @@ impl<'a> Op<'a> {
             }
             FUSE_LINK => Op::Link { oldnodeid: u64_at(f, 0), name: name_at(rest)?.0 },
             FUSE_OPEN => Op::Open,
-            FUSE_CREATE => Op::Create { mode: u32_at(f, 4), umask: u32_at(f, 8), name: name_at(rest)?.0 },
+            FUSE_CREATE => Op::Create,
             FUSE_READ => Op::Read { offset: u64_at(f, 8), size: u32_at(f, 16) },
             FUSE_WRITE => {
                 let size = u32_at(f, 16) as usize;

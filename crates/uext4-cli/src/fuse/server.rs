@@ -2,9 +2,10 @@
 //!
 //! Node ids are ext4 inode numbers, except that FUSE's root (1) is ext4's root
 //! (2). Each lookup the kernel holds pins its inode as an open file does in the
-//! library: an inode unlinked while the kernel still knows it lives on (on the
-//! orphan list) until the kernel forgets it, and whatever the kernel still holds
-//! when the session ends is let go then. A directory's listing is taken whole at
+//! library: an inode unlinked while the kernel still knows it (an open file
+//! keeps it known) lives on, on the orphan list, until the kernel forgets it;
+//! whatever the kernel still holds when the session ends is let go then. So
+//! opens and closes need no message at all. A directory's listing is taken whole at
 //! opendir; readdir offsets index that snapshot, so they stay valid however the
 //! directory changes meanwhile (POSIX leaves open whether entries added or
 //! removed since opendir appear). Requests arrive on several threads at once;
@@ -41,8 +42,6 @@ const S_IXGRP: u16 = 0o0010;
 /// fuse_setattr_in.valid: the caller lacks CAP_FSETID; clear setuid/setgid.
 const FATTR_KILL_SUIDGID: u32 = 1 << 11;
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
-/// Open-reply flag: keep the page cache across opens (nobody else writes the image).
-const FOPEN_KEEP_CACHE: u32 = 1 << 1;
 
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -394,28 +393,17 @@ impl Uext4Fuse {
                 Self::done(self.fs.rename(ino, name, ext_ino(newdir), newname, flags))
             }
             Op::Link { oldnodeid, name } => self.entry(self.fs.link(ext_ino(oldnodeid), ino, name), out),
-            Op::Open => match self.fs.open_inode(ino) {
-                Ok(()) => {
-                    out.open_out(0, FOPEN_KEEP_CACHE);
-                    Some(0)
-                }
-                Err(e) => Some(errno(&e)),
-            },
-            Op::Create { mode, umask, name } => {
-                let made = self
-                    .new_owner(h, ino, mode, umask, false)
-                    .and_then(|(owner, perm)| self.fs.create(ino, name, perm, owner))
-                    .and_then(|st| self.fs.open_inode(st.ino).map(|()| st));
-                match made {
-                    Ok(st) => {
-                        self.pin(st.ino);
-                        out.entry_out(&self.attr(&st), st.generation as u64, TTL);
-                        out.open_out(0, FOPEN_KEEP_CACHE);
-                        Some(0)
-                    }
-                    Err(e) => Some(errno(&e)),
-                }
-            }
+            // Opens need nothing from us: an open file keeps its inode in the
+            // kernel, so the lookup pin already keeps an unlinked one alive.
+            // ENOSYS makes the kernel stop sending OPEN, and RELEASE with it,
+            // for good (zero-message opens). CREATE (create and open in one)
+            // answered ENOSYS makes the kernel create with MKNOD and then open
+            // - which is no message once OPEN has been refused - so the very
+            // first create of a session already sheds the RELEASE of every
+            // later one. O_EXCL stays exact: the kernel holds the directory's
+            // lock across its lookup and the MKNOD.
+            Op::Open | Op::Create => Some(libc::ENOSYS),
+            Op::Release => Some(0),
             Op::Read { offset, size } => {
                 let want = (size as usize).min(out.capacity());
                 match self.fs.read(ino, offset, &mut out.spare()[..want]) {
@@ -463,7 +451,6 @@ impl Uext4Fuse {
                 );
                 Some(0)
             }
-            Op::Release => Self::done(self.fs.close_inode(ino)),
             // Nothing is buffered here: data went to the image in `write`. ENOSYS
             // tells the kernel so once, and it stops sending a flush on every close.
             Op::Flush => Some(libc::ENOSYS),
