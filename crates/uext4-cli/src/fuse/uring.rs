@@ -156,7 +156,7 @@ pub fn serve_queue(
             break;
         }
         ring.submit_and_wait(IDLE_CHECK)?;
-        let mut replied = false;
+        let mut waking = false;
         while let Some(c) = ring.next_completion() {
             let tag = c.user_data as usize;
             let Some(e) = entries.get_mut(tag) else { continue };
@@ -180,6 +180,7 @@ pub fn serve_queue(
                 }
             }
             let commit_id = u64::from_ne_bytes(e.header[ENT_COMMIT_ID_AT..ENT_COMMIT_ID_AT + 8].try_into().unwrap());
+            let opcode = u32::from_ne_bytes(e.header[4..8].try_into().unwrap());
             let reply_len = answer(server, e, &mut scratch, &mut small);
             e.header[ENT_PAYLOAD_SZ_AT..ENT_PAYLOAD_SZ_AT + 4].copy_from_slice(&(reply_len as u32).to_ne_bytes());
             let sqe = uring_cmd(
@@ -191,10 +192,13 @@ pub fn serve_queue(
                 &cmd_req(commit_id, qid as u16),
             );
             ring.push(&sqe)?;
-            replied = true;
+            // Closes and readahead come in the background: nobody waits on
+            // this CPU for them (and a sequential reader had better run on
+            // another CPU while this one reads ahead for it).
+            waking |= !matches!(opcode, abi::FUSE_RELEASE | abi::FUSE_READ);
         }
-        if replied {
-            // The reply wakes its caller, and the scheduler places a woken task
+        if waking {
+            // A reply wakes its caller, and the scheduler places a woken task
             // on an idle CPU rather than on a busy one: this CPU, busy with us,
             // would lose the caller to another CPU (a costly wake-up there, and
             // its next request then lands on that CPU's queue). A CPU running
