@@ -559,3 +559,52 @@ fn tune_second_mounts_signals_and_bad_input() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not a uext4 mount"), "{bad:?}");
     assert!(!fs::read_to_string("/proc/self/mounts").unwrap().contains(&*other.to_string_lossy()));
 }
+
+/// Without root, `uext4 mount` goes through the setuid fusermount3 (which
+/// hands back the /dev/fuse descriptor over a socket), and `uext4 umount`
+/// through `fusermount3 -u`.
+#[test]
+fn a_user_mounts_through_fusermount3() {
+    if !oracles() {
+        return;
+    }
+    if Command::new("fusermount3").arg("-V").output().is_err() {
+        skip("fusermount3 is not installed");
+        return;
+    }
+    let mode = fs::metadata("/dev/fuse").unwrap().permissions().mode();
+    if mode & 0o006 != 0o006 {
+        skip(&format!("/dev/fuse is closed to users (mode {:o}; scripts/setup opens it)", mode & 0o777));
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    fs::set_permissions(work.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // The test binary's directory may be closed to others: a copy they can run.
+    let bin = work.path().join("uext4");
+    fs::copy(env!("CARGO_BIN_EXE_uext4"), &bin).unwrap();
+    let image = work.path().join("img");
+    // The filesystem's root belongs to the user, as their own image's would.
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096", "-E", "root_owner=65534:65534"])
+        .arg(&image)
+        .arg("64M"));
+    let mnt = work.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    for p in [&image, &mnt] {
+        std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+    }
+    let (b, i, m) = (bin.display(), image.display(), mnt.display());
+    assert!(as_nobody(&format!("{b} mount {i} {m}")), "a user's mount through fusermount3");
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(mounts.lines().any(|l| l.contains(&*m.to_string()) && l.contains(" fuse.uext4 ")), "{mounts}");
+    let script = format!(
+        "set -e; mkdir {m}/dir; echo 'by nobody' > {m}/dir/file; test \"$(cat {m}/dir/file)\" = 'by nobody'; \
+         test \"$(stat -c %u {m}/dir/file)\" = 65534; ln -s file {m}/dir/link; rm {m}/dir/link"
+    );
+    assert!(as_nobody(&script), "work through a user's mount");
+    assert!(as_nobody(&format!("{b} umount {m}")), "a user unmounts with fusermount3 -u");
+    assert!(!fs::read_to_string("/proc/self/mounts").unwrap().contains(&*m.to_string()));
+    assert_e2fsck_clean(&image);
+    let out = run(Command::new("debugfs").arg("-R").arg("cat /dir/file").arg(&image));
+    assert!(out.contains("by nobody"), "{out}");
+}
