@@ -243,7 +243,12 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
     };
     let server = Arc::new(Uext4Fuse::new(fs.clone(), allowed, report));
     let target = mountpoint.to_path_buf();
-    let session = SessionConfig { threads: config.threads, uring: config.uring };
+    let abort_target = target.clone();
+    let session = SessionConfig {
+        threads: config.threads,
+        uring: config.uring,
+        abort: Arc::new(move || abort_connection(&abort_target)),
+    };
     let signal_target = target.clone();
     let served = crate::fuse::run(server, dev, &session, |_negotiated| {
         raise_readahead(&target);
@@ -396,6 +401,45 @@ fn receive_fd(socket: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
 }
 
+/// The mount's "major:minor" device, from mountinfo (a stat would be a FUSE
+/// request to this very daemon).
+fn mount_device(mountpoint: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.as_os_str().as_bytes();
+    info.lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find_map(|f| (f.len() > 4 && unescape(f[4]) == want).then(|| f[2].to_string()))
+}
+
+/// Aborts the FUSE connection (every waiting request fails with ECONNABORTED)
+/// through the fuse control filesystem, mounting it first if need be (as
+/// systemd does at boot), and detaches the mount.
+fn abort_connection(mountpoint: &Path) {
+    let minor = mount_device(mountpoint).and_then(|d| d.split(':').nth(1).map(str::to_string));
+    if let Some(minor) = minor {
+        let abort = format!("/sys/fs/fuse/connections/{minor}/abort");
+        if !Path::new(&abort).exists() {
+            // SAFETY: NUL-terminated strings; a failure is seen below.
+            unsafe {
+                libc::mount(
+                    c"fusectl".as_ptr(),
+                    c"/sys/fs/fuse/connections".as_ptr(),
+                    c"fusectl".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+        }
+        if std::fs::write(&abort, "1").is_err() {
+            report(&format!("cannot abort the FUSE connection {minor} of {}", mountpoint.display()));
+        }
+    }
+    // Detached, the dead mount goes away as soon as nothing uses it.
+    if let Err(e) = unmount(mountpoint, true) {
+        report(&format!("cannot end the session on {}: {e}", mountpoint.display()));
+    }
+}
+
 /// FUSE mounts start with the kernel's default 128 KiB readahead, so a
 /// sequential read becomes a request per 128 KiB. A larger window (as root,
 /// through the mount's backing-device entry in sysfs) means fewer, larger reads.
@@ -403,15 +447,7 @@ fn receive_fd(socket: &OwnedFd) -> std::io::Result<OwnedFd> {
 /// The device number comes from mountinfo: a stat of the mount point would be a
 /// FUSE request to this very daemon, which does not serve yet.
 fn raise_readahead(mountpoint: &Path) {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return };
-    let want = mountpoint.as_os_str().as_bytes();
-    let Some(device) = info
-        .lines()
-        .map(|l| l.split(' ').collect::<Vec<_>>())
-        .find_map(|f| (f.len() > 4 && unescape(f[4]) == want).then(|| f[2].to_string()))
-    else {
-        return;
-    };
+    let Some(device) = mount_device(mountpoint) else { return };
     let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
     if let Err(e) = std::fs::write(&knob, "1024") {
         if crate::fuse::server::is_root() {

@@ -608,3 +608,58 @@ fn a_user_mounts_through_fusermount3() {
     let out = run(Command::new("debugfs").arg("-R").arg("cat /dir/file").arg(&image));
     assert!(out.contains("by nobody"), "{out}");
 }
+
+/// A failing io_uring queue must not leave its CPU's callers waiting forever
+/// (the kernel never moves a request to another queue): the session is
+/// aborted, callers get an error, the mount goes away and the image is clean.
+#[test]
+fn a_failing_io_uring_queue_ends_the_session_instead_of_hanging() {
+    if !oracles() {
+        return;
+    }
+    let Some(options) = transport(true) else { return };
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "128M");
+    let mnt = work.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    run(uext4().env("UEXT4_TEST_RING_FAIL_AFTER", "100").arg("mount").args(["-o", options]).arg(&image).arg(&mnt));
+    let dir = mnt.clone();
+    // Requests go to the queue of the caller's CPU: stay on CPU 0, whose queue fails.
+    let caller = std::thread::spawn(move || {
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        for i in 0..10_000 {
+            if let Err(e) = fs::write(dir.join(format!("f{i}")), "data") {
+                return e;
+            }
+        }
+        panic!("10,000 files written: the injected failure never came");
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !caller.is_finished() {
+        assert!(Instant::now() < deadline, "the caller hangs after its queue failed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = caller.join().unwrap();
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::ECONNABORTED) | Some(libc::ENOTCONN)),
+        "the caller sees the session end: {err}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fs::read_to_string("/proc/self/mounts").unwrap().contains(&*mnt.to_string_lossy()) {
+        assert!(Instant::now() < deadline, "the aborted mount stays");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The daemon lets go of the image (its lock) once it has written everything back.
+    let file = File::open(&image).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        assert!(Instant::now() < deadline, "the daemon never finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_e2fsck_clean(&image);
+}

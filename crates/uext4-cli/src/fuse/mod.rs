@@ -47,6 +47,9 @@ pub struct SessionConfig {
     /// /dev/fuse worker threads.
     pub threads: usize,
     pub uring: UringMode,
+    /// Ends the session from outside (aborts the connection), for failures
+    /// that would otherwise leave requests waiting forever.
+    pub abort: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// How the session came up: what the kernel agreed to.
@@ -168,7 +171,7 @@ pub fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let rings = if negotiated.uring {
         let payload_len = MAX_WRITE as usize;
-        uring::start(server.clone(), dev.raw(), payload_len, stop.clone())?
+        uring::start(server.clone(), dev.raw(), payload_len, stop.clone(), config.abort.clone())?
     } else {
         Vec::new()
     };

@@ -151,6 +151,9 @@ pub fn serve_queue(
     let mut scratch = Vec::new();
     let mut small = [0u8; 64];
     let mut yielding = Yielding { allowed: is_root() };
+    // Fault injection for the tests: this queue fails after that many requests.
+    let mut fail_after: Option<u64> =
+        std::env::var("UEXT4_TEST_RING_FAIL_AFTER").ok().and_then(|n| n.parse().ok()).filter(|_| qid == 0);
     while live > 0 {
         if stop.load(Ordering::Relaxed) {
             break;
@@ -178,6 +181,12 @@ pub fn serve_queue(
                     server.log(&format!("io_uring queue {qid}: {err}"));
                     return Err(err);
                 }
+            }
+            if let Some(n) = fail_after.as_mut() {
+                if *n == 0 {
+                    return Err(io::Error::other("failure injected by UEXT4_TEST_RING_FAIL_AFTER"));
+                }
+                *n -= 1;
             }
             let commit_id = u64::from_ne_bytes(e.header[ENT_COMMIT_ID_AT..ENT_COMMIT_ID_AT + 8].try_into().unwrap());
             let opcode = u32::from_ne_bytes(e.header[4..8].try_into().unwrap());
@@ -251,18 +260,25 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
 }
 
 /// Starts one pinned thread per possible CPU.
+/// If a queue thread fails once the ring is in use, `abort` ends the session:
+/// the kernel never moves a request to another CPU's queue, so the requests of
+/// that CPU would otherwise wait forever.
 pub fn start(
     server: Arc<Uext4Fuse>,
     dev_fd: i32,
     payload_len: usize,
     stop: Arc<AtomicBool>,
+    abort: Arc<dyn Fn() + Send + Sync>,
 ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     (0..possible_cpus())
         .map(|qid| {
-            let (server, stop) = (server.clone(), stop.clone());
+            let (server, stop, abort) = (server.clone(), stop.clone(), abort.clone());
             std::thread::Builder::new().name(format!("uext4-ring{qid}")).spawn(move || {
                 if let Err(e) = serve_queue(&server, dev_fd, qid, payload_len, &stop) {
-                    server.log(&format!("io_uring queue {qid} stopped: {e}"));
+                    server.log(&format!("io_uring queue {qid} stopped: {e}; ending the session"));
+                    if !stop.load(Ordering::Relaxed) {
+                        abort();
+                    }
                 }
             })
         })
