@@ -10,6 +10,7 @@
 use crate::ops::{FsOps, PosixOps, Uext4Ops};
 use crate::usage::{process_usage, Usage};
 use crate::BenchError;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -130,9 +131,9 @@ impl Target {
         match self {
             Target::Uext4 | Target::Uext4NoJournal => Ok(Box::new(Uext4Session::open(image)?)),
             Target::Kernel | Target::KernelNoJournal => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
-            Target::Fuse2fs => Ok(Box::new(Fuse2fsSession::mount(image, mountpoint)?)),
-            Target::Uext4Fuse => Ok(Box::new(Uext4FuseSession::mount(image, mountpoint, "io_uring=off")?)),
-            Target::Uext4FuseUring => Ok(Box::new(Uext4FuseSession::mount(image, mountpoint, "io_uring=on")?)),
+            Target::Fuse2fs => Ok(Box::new(fuse2fs(image, mountpoint)?)),
+            Target::Uext4Fuse => Ok(Box::new(uext4_mount(image, mountpoint, "io_uring=off")?)),
+            Target::Uext4FuseUring => Ok(Box::new(uext4_mount(image, mountpoint, "io_uring=on")?)),
         }
     }
 }
@@ -265,12 +266,6 @@ impl Drop for KernelSession {
     }
 }
 
-struct Fuse2fsSession {
-    image: PathBuf,
-    ops: PosixOps,
-    daemon: Option<Child>,
-}
-
 /// Whether `dir` is a mount point now (its entry in /proc/self/mountinfo).
 fn is_mounted(dir: &Path) -> bool {
     let Ok(dir) = dir.canonicalize() else { return false };
@@ -289,76 +284,6 @@ fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) -> Re
     Ok(())
 }
 
-impl Fuse2fsSession {
-    fn mount(image: &Path, mountpoint: &Path) -> Result<Fuse2fsSession, BenchError> {
-        // -f keeps the daemon our child, so unmounting can wait for it to finish
-        // writing the image, and its CPU time can be read.
-        let daemon = Command::new("fuse2fs")
-            .arg(image)
-            .arg(mountpoint)
-            .arg("-f")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| BenchError(format!("starting fuse2fs: {e}")))?;
-        let mut session = Fuse2fsSession {
-            image: image.to_path_buf(),
-            ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: true },
-            daemon: Some(daemon),
-        };
-        let mounted = wait_until("fuse2fs to mount", Duration::from_secs(20), || {
-            is_mounted(mountpoint) || session.daemon.as_mut().is_some_and(|d| matches!(d.try_wait(), Ok(Some(_))))
-        });
-        if mounted.is_err() || !is_mounted(mountpoint) {
-            let mut daemon = session.daemon.take().unwrap();
-            let _ = daemon.kill();
-            let out = daemon.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
-            return Err(BenchError(format!("fuse2fs did not mount {}: {}", image.display(), out.unwrap_or_default())));
-        }
-        Ok(session)
-    }
-
-    fn unmount(&mut self) -> Result<(), BenchError> {
-        let fusermount = if on_path("fusermount3") { "fusermount3" } else { "fusermount" };
-        run_tool(Command::new(fusermount).arg("-u").arg(&self.ops.root))?;
-        if let Some(mut daemon) = self.daemon.take() {
-            let status = daemon.wait().map_err(|e| BenchError(format!("waiting for fuse2fs: {e}")))?;
-            if !status.success() {
-                return Err(BenchError(format!("fuse2fs exited with {status}")));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Session for Fuse2fsSession {
-    fn ops(&self) -> &dyn FsOps {
-        &self.ops
-    }
-
-    fn helper_usage(&self) -> Usage {
-        self.daemon.as_ref().map(|d| process_usage(d.id())).unwrap_or_default()
-    }
-
-    fn restart(&mut self) -> Result<(), BenchError> {
-        self.unmount()?;
-        *self = Fuse2fsSession::mount(&self.image, &self.ops.root)?;
-        Ok(())
-    }
-
-    fn finish(mut self: Box<Self>) -> Result<(), BenchError> {
-        self.unmount()
-    }
-}
-
-impl Drop for Fuse2fsSession {
-    fn drop(&mut self) {
-        if self.daemon.is_some() {
-            let _ = self.unmount();
-        }
-    }
-}
-
 /// The uext4 binary that mounts: $UEXT4_BIN, or this program when it is uext4.
 fn uext4_binary() -> Option<PathBuf> {
     if let Some(bin) = std::env::var_os("UEXT4_BIN") {
@@ -368,44 +293,45 @@ fn uext4_binary() -> Option<PathBuf> {
     (exe.file_name()? == "uext4").then_some(exe)
 }
 
-/// `uext4 mount --foreground` as a child process, like fuse2fs above: its CPU
-/// time counts, and unmounting waits for it to have written everything back.
-struct Uext4FuseSession {
-    image: PathBuf,
-    options: &'static str,
+/// A FUSE daemon run in the foreground as our child (fuse2fs, or uext4's
+/// mount): its CPU time counts, and unmounting waits for it to have written
+/// everything back.
+struct DaemonSession {
+    /// Who it is, for messages.
+    name: &'static str,
+    /// Its whole command line (program first).
+    argv: Vec<OsString>,
     ops: PosixOps,
     daemon: Option<Child>,
 }
 
-impl Uext4FuseSession {
-    fn mount(image: &Path, mountpoint: &Path, options: &'static str) -> Result<Uext4FuseSession, BenchError> {
-        let bin = uext4_binary().ok_or_else(|| BenchError("the uext4 binary is not known".into()))?;
-        let daemon = Command::new(bin)
-            .arg("mount")
-            .arg("--foreground")
-            .arg("-o")
-            .arg(options)
-            .arg(image)
-            .arg(mountpoint)
+impl DaemonSession {
+    fn start(name: &'static str, argv: Vec<OsString>, mountpoint: &Path) -> Result<DaemonSession, BenchError> {
+        let daemon = Command::new(&argv[0])
+            .args(&argv[1..])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| BenchError(format!("starting uext4 mount: {e}")))?;
-        let mut session = Uext4FuseSession {
-            image: image.to_path_buf(),
-            options,
-            // syncfs does not reach a FUSE daemon; an fsync does (a journal commit).
+            .map_err(|e| BenchError(format!("starting {name}: {e}")))?;
+        let mut session = DaemonSession {
+            name,
+            argv,
+            // syncfs does not reach a FUSE daemon; an fsync of a file does.
             ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: true },
             daemon: Some(daemon),
         };
-        let up = wait_until("uext4 to mount", Duration::from_secs(20), || {
+        let up = wait_until(&format!("{name} to mount"), Duration::from_secs(20), || {
             is_mounted(mountpoint) || session.daemon.as_mut().is_some_and(|d| matches!(d.try_wait(), Ok(Some(_))))
         });
         if up.is_err() || !is_mounted(mountpoint) {
             let mut daemon = session.daemon.take().unwrap();
             let _ = daemon.kill();
             let out = daemon.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned());
-            return Err(BenchError(format!("uext4 did not mount {}: {}", image.display(), out.unwrap_or_default())));
+            return Err(BenchError(format!(
+                "{name} did not mount on {}: {}",
+                mountpoint.display(),
+                out.unwrap_or_default()
+            )));
         }
         Ok(session)
     }
@@ -414,20 +340,18 @@ impl Uext4FuseSession {
         let fusermount = if on_path("fusermount3") { "fusermount3" } else { "fusermount" };
         run_tool(Command::new(fusermount).arg("-u").arg(&self.ops.root))?;
         if let Some(daemon) = self.daemon.take() {
-            let out = daemon.wait_with_output().map_err(|e| BenchError(format!("waiting for uext4 mount: {e}")))?;
+            let name = self.name;
+            let out = daemon.wait_with_output().map_err(|e| BenchError(format!("waiting for {name}: {e}")))?;
             if !out.status.success() {
-                return Err(BenchError(format!(
-                    "uext4 mount exited with {}: {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
+                let said = String::from_utf8_lossy(&out.stderr);
+                return Err(BenchError(format!("{name} exited with {}: {}", out.status, said.trim())));
             }
         }
         Ok(())
     }
 }
 
-impl Session for Uext4FuseSession {
+impl Session for DaemonSession {
     fn ops(&self) -> &dyn FsOps {
         &self.ops
     }
@@ -438,7 +362,7 @@ impl Session for Uext4FuseSession {
 
     fn restart(&mut self) -> Result<(), BenchError> {
         self.unmount()?;
-        *self = Uext4FuseSession::mount(&self.image, &self.ops.root, self.options)?;
+        *self = DaemonSession::start(self.name, self.argv.clone(), &self.ops.root)?;
         Ok(())
     }
 
@@ -447,10 +371,31 @@ impl Session for Uext4FuseSession {
     }
 }
 
-impl Drop for Uext4FuseSession {
+impl Drop for DaemonSession {
     fn drop(&mut self) {
         if self.daemon.is_some() {
             let _ = self.unmount();
         }
     }
+}
+
+/// fuse2fs in the foreground (-f).
+fn fuse2fs(image: &Path, mountpoint: &Path) -> Result<DaemonSession, BenchError> {
+    let argv = vec!["fuse2fs".into(), image.into(), mountpoint.into(), "-f".into()];
+    DaemonSession::start("fuse2fs", argv, mountpoint)
+}
+
+/// `uext4 mount --foreground -o OPTIONS`.
+fn uext4_mount(image: &Path, mountpoint: &Path, options: &str) -> Result<DaemonSession, BenchError> {
+    let bin = uext4_binary().ok_or_else(|| BenchError("the uext4 binary is not known".into()))?;
+    let argv = vec![
+        bin.into(),
+        "mount".into(),
+        "--foreground".into(),
+        "-o".into(),
+        options.into(),
+        image.into(),
+        mountpoint.into(),
+    ];
+    DaemonSession::start("uext4 mount", argv, mountpoint)
 }
