@@ -238,7 +238,7 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
     let dev = mount_fuse(image, mountpoint, read_only, config.allow_other, config.allow_root)
         .map_err(|e| io_error(format!("cannot mount on {}", mountpoint.display()), e))?;
     let allowed = match (config.allow_other, config.allow_root) {
-        (false, true) => Allowed::RootAndOwner(unsafe_geteuid()),
+        (false, true) => Allowed::RootAndOwner(effective_ids().0),
         _ => Allowed::Everyone,
     };
     let server = Arc::new(Uext4Fuse::new(fs.clone(), allowed, report));
@@ -250,7 +250,7 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
         abort: Arc::new(move || abort_connection(&abort_target)),
     };
     let signal_target = target.clone();
-    let served = crate::fuse::run(server, dev, &session, |_negotiated| {
+    let served = crate::fuse::run(server, dev, &session, || {
         raise_readahead(&target);
         if let Some(mut told) = status.take() {
             let _ = writeln!(told, "mounted");
@@ -317,8 +317,7 @@ fn mount_directly(
     allow_other: bool,
 ) -> std::io::Result<Option<OwnedFd>> {
     let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
-    // SAFETY: geteuid/getegid have no preconditions.
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (uid, gid) = effective_ids();
     let mut data = format!("fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions", dev.as_raw_fd());
     if allow_other {
         data.push_str(",allow_other");
@@ -456,9 +455,10 @@ fn raise_readahead(mountpoint: &Path) {
     }
 }
 
-fn unsafe_geteuid() -> u32 {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() }
+/// This process's effective user and group.
+fn effective_ids() -> (u32, u32) {
+    // SAFETY: geteuid/getegid have no preconditions.
+    unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
 fn detach_stdio() {

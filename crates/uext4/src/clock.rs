@@ -1,4 +1,4 @@
-//! Wall-clock seconds for superblock and journal stamps, read as the kernel reads them.
+//! Wall-clock seconds for superblock stamps, read as the kernel reads them.
 //!
 //! The kernel stamps s_wtime from its coarse clock (ktime_get_real_seconds), and
 //! glibc's time(), which e2fsck compares s_wtime with, reads that same coarse

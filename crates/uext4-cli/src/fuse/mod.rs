@@ -52,12 +52,6 @@ pub struct SessionConfig {
     pub abort: Arc<dyn Fn() + Send + Sync>,
 }
 
-/// How the session came up: what the kernel agreed to.
-pub struct Negotiated {
-    /// Requests travel through io_uring.
-    pub uring: bool,
-}
-
 /// The capabilities asked of the kernel (each only if the kernel offers it):
 /// reads in parallel and readdirplus; lookups and creates in one directory at
 /// once (the library's locks order them); POSIX ACLs checked by the kernel;
@@ -77,7 +71,8 @@ fn wanted_flags() -> u64 {
 }
 
 /// Answers the kernel's INIT on `dev`: agrees on the protocol and capabilities.
-fn handshake(dev: &Device, uring: UringMode) -> io::Result<Negotiated> {
+/// Returns whether requests will travel through io_uring.
+fn handshake(dev: &Device, uring: UringMode) -> io::Result<bool> {
     let mut buf = vec![0u8; REQUEST_BUFFER];
     loop {
         let n = match dev.receive(&mut buf)? {
@@ -116,7 +111,7 @@ fn handshake(dev: &Device, uring: UringMode) -> io::Result<Negotiated> {
         let mut p = Payload::new(&mut out);
         p.init_out(minor, max_readahead, granted, MAX_BACKGROUND, MAX_WRITE);
         reply(dev, &h, 0, &out)?;
-        return Ok(Negotiated { uring: use_uring });
+        return Ok(use_uring);
     }
 }
 
@@ -143,7 +138,6 @@ fn serve_device(server: &Uext4Fuse, dev: &Device) -> io::Result<()> {
         let (fixed, rest) = body.split_at(split);
         let mut payload = Payload::new(&mut out[abi::OUT_HEADER_LEN..]);
         let answer = match Op::parse(h.opcode, fixed, rest) {
-            Ok(Op::Destroy) => Some(0),
             Ok(op) => server.handle(&h, op, &mut payload),
             Err(e) => {
                 server.log(&format!("malformed request (opcode {}): {}", h.opcode, e.0));
@@ -160,22 +154,17 @@ fn serve_device(server: &Uext4Fuse, dev: &Device) -> io::Result<()> {
 /// Runs the session on `dev` (a /dev/fuse descriptor mounted by the caller):
 /// `ready` is called once the handshake is done. Returns when unmounted, after
 /// everything is written back.
-pub fn run(
-    server: Arc<Uext4Fuse>,
-    dev: OwnedFd,
-    config: &SessionConfig,
-    ready: impl FnOnce(&Negotiated),
-) -> io::Result<()> {
+pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: impl FnOnce()) -> io::Result<()> {
     let dev = Device::new(dev);
-    let negotiated = handshake(&dev, config.uring)?;
+    let use_uring = handshake(&dev, config.uring)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let rings = if negotiated.uring {
+    let rings = if use_uring {
         let payload_len = MAX_WRITE as usize;
         uring::start(server.clone(), dev.raw(), payload_len, stop.clone(), config.abort.clone())?
     } else {
         Vec::new()
     };
-    ready(&negotiated);
+    ready();
     let mut devices = Vec::with_capacity(config.threads);
     for _ in 1..config.threads.max(1) {
         devices.push(dev.clone_session()?);

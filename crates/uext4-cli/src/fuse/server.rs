@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use uext4::format::inode::Timestamp;
+use uext4::ns::change::now;
 use uext4::{Filesystem, Owner, SetAttr, Stat, ROOT_INO};
 
 pub const TUNE_XATTR: &str = "trusted.uext4.tune";
@@ -109,11 +110,6 @@ fn fuse_time(t: Timestamp) -> (u64, u32) {
 
 fn timestamp_of(sec: u64, nsec: u32) -> Timestamp {
     Timestamp { sec: sec as i64, nsec: nsec.min(999_999_999) }
-}
-
-fn now() -> Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
 }
 
 /// d_type of an ext4 directory entry type (EXT4_FT_*).
@@ -325,14 +321,17 @@ impl Uext4Fuse {
                     | Op::Interrupt
                     | Op::Release
                     | Op::Releasedir { .. }
+                    | Op::Destroy
             );
             if h.uid != owner && h.uid != 0 && !kernel_may_send {
                 return Some(libc::EACCES);
             }
         }
         match op {
-            // The session answers these itself.
-            Op::Init { .. } | Op::Destroy => Some(libc::EIO),
+            // INIT is the session's own (a second one is an error); DESTROY
+            // needs nothing, as the session writes everything back when it ends.
+            Op::Init { .. } => Some(libc::EIO),
+            Op::Destroy => Some(0),
             Op::Interrupt => None,
             Op::Forget { nlookup } => {
                 self.unpin(ino, nlookup);

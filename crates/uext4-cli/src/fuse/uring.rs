@@ -248,7 +248,6 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
         scratch.extend_from_slice(&e.payload[..payload_sz]);
         let mut out = Payload::new(&mut e.payload);
         let error = match Op::parse(h.opcode, fixed, scratch) {
-            Ok(Op::Destroy) => 0,
             Ok(op) => server.handle(&h, op, &mut out).unwrap_or(0),
             Err(_) => libc::EINVAL,
         };

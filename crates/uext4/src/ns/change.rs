@@ -23,7 +23,8 @@ const DATA_SPACE_BLOCKS: u64 = 8;
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
-pub(crate) fn now() -> Timestamp {
+/// The time the library stamps changes with (the precise wall clock).
+pub fn now() -> Timestamp {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
 }
