@@ -1,7 +1,9 @@
 //! The few errors uext4 reports to its callers.
 //!
-//! Each variant is a semantic class a caller can act on (FUSE maps them to errno);
-//! the details a human needs live in the strings inside.
+//! Each variant is a semantic class a caller can act on (FUSE maps them to errno,
+//! one variant per errno the kernel's ext4 would give); the details a human needs
+//! live in the strings inside. `Invalid` is for EINVAL only: a new errno gets a
+//! variant of its own.
 
 use std::fmt;
 
@@ -19,7 +21,23 @@ pub enum Error {
     Corrupt { what: String, location: String },
     /// A feature, inode kind or request this build does not handle.
     Unsupported { feature: String },
-    /// A caller's argument that makes no sense (a file used as a directory, a bad size, ...).
+    /// A path component or inode used as a directory is not one (ENOTDIR).
+    NotADirectory(String),
+    /// A directory where a non-directory was required (EISDIR).
+    IsADirectory(String),
+    /// A name longer than 255 bytes (ENAMETOOLONG).
+    NameTooLong(String),
+    /// An inode already has the most links ext4 allows (EMLINK).
+    TooManyLinks(String),
+    /// Too many symbolic links met while resolving a path (ELOOP).
+    SymlinkLoop(String),
+    /// An offset or size past the largest file ext4 can map (EFBIG).
+    FileTooLarge(String),
+    /// An operation POSIX forbids outright, such as a hard link to a directory (EPERM).
+    NotPermitted(String),
+    /// The image is in use by someone else: a uext4 mount, the kernel (EBUSY).
+    Busy(String),
+    /// A caller's argument that makes no sense (a bad size, bad flags, ...).
     Invalid(String),
     /// A write on a filesystem opened read-only.
     ReadOnly(String),
@@ -47,6 +65,14 @@ impl Error {
             Error::NoSpace(_) => 28,         // ENOSPC
             Error::Corrupt { .. } => 117,    // EUCLEAN, as the kernel reports EFSCORRUPTED
             Error::Unsupported { .. } => 95, // EOPNOTSUPP
+            Error::NotADirectory(_) => 20,   // ENOTDIR
+            Error::IsADirectory(_) => 21,    // EISDIR
+            Error::NameTooLong(_) => 36,     // ENAMETOOLONG
+            Error::TooManyLinks(_) => 31,    // EMLINK
+            Error::SymlinkLoop(_) => 40,     // ELOOP
+            Error::FileTooLarge(_) => 27,    // EFBIG
+            Error::NotPermitted(_) => 1,     // EPERM
+            Error::Busy(_) => 16,            // EBUSY
             Error::Invalid(_) => 22,         // EINVAL
             Error::ReadOnly(_) => 30,        // EROFS
             Error::Io(e) => e.raw_os_error().unwrap_or(5),
@@ -65,6 +91,14 @@ impl fmt::Display for Error {
                 write!(f, "corrupt filesystem: {what} ({location})")
             }
             Error::Unsupported { feature } => write!(f, "unsupported: {feature}"),
+            Error::NotADirectory(s) => write!(f, "not a directory: {s}"),
+            Error::IsADirectory(s) => write!(f, "is a directory: {s}"),
+            Error::NameTooLong(s) => write!(f, "file name too long: {s}"),
+            Error::TooManyLinks(s) => write!(f, "too many links: {s}"),
+            Error::SymlinkLoop(s) => write!(f, "too many levels of symbolic links: {s}"),
+            Error::FileTooLarge(s) => write!(f, "file too large: {s}"),
+            Error::NotPermitted(s) => write!(f, "operation not permitted: {s}"),
+            Error::Busy(s) => write!(f, "in use: {s}"),
             Error::Invalid(s) => write!(f, "invalid: {s}"),
             Error::ReadOnly(s) => write!(f, "read-only: {s}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),

@@ -19,7 +19,7 @@ impl Filesystem {
 
     pub(crate) fn read_inode_data(&self, ino: u32, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
         if inode.is_dir() {
-            return Err(Error::Invalid(format!("inode {ino} is a directory")));
+            return Err(Error::IsADirectory(format!("inode {ino}")));
         }
         if offset >= inode.i_size {
             return Ok(0);

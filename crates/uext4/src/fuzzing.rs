@@ -283,7 +283,11 @@ impl Walker<'_> {
             for q in [&p, &path] {
                 match self.fs.lookup_path(q) {
                     // Missing targets and loops are ordinary answers for a symlink.
-                    Ok(_) | Err(Error::NotFound(_)) | Err(Error::Invalid(_)) => {}
+                    Ok(_)
+                    | Err(Error::NotFound(_))
+                    | Err(Error::NotADirectory(_))
+                    | Err(Error::SymlinkLoop(_))
+                    | Err(Error::Invalid(_)) => {}
                     Err(e) => self.report.note("lookup_path", &e),
                 }
             }

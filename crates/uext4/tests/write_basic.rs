@@ -89,7 +89,7 @@ fn exercise(image: &Path) -> Model {
     // Errors that must change nothing.
     assert!(matches!(fs.mkdir(ROOT_INO, b"d1", 0o755, ROOT), Err(Error::Exists(_))));
     assert!(matches!(fs.unlink(ROOT_INO, b"nope"), Err(Error::NotFound(_))));
-    assert!(matches!(fs.unlink(ROOT_INO, b"d1"), Err(Error::Invalid(_))));
+    assert!(matches!(fs.unlink(ROOT_INO, b"d1"), Err(Error::IsADirectory(_))));
     assert!(matches!(fs.create(ROOT_INO, b"a/b", 0o644, ROOT), Err(Error::Invalid(_))));
     assert!(fs.free_blocks() < free_before.0 && fs.free_inodes() < free_before.1);
     fs.sync().unwrap();

@@ -59,8 +59,8 @@ fn rename_shapes() {
             file(&fs, full, "f", "f");
             fs.mkdir(ROOT_INO, b"src-dir", 0o755, ROOT).unwrap();
             assert!(matches!(fs.rename(ROOT_INO, b"src-dir", ROOT_INO, b"full", 0), Err(Error::NotEmpty(_))));
-            assert!(matches!(fs.rename(ROOT_INO, b"full", b, b"kept-link", 0), Err(Error::Invalid(_))));
-            assert!(matches!(fs.rename(a, b"kept", ROOT_INO, b"full", 0), Err(Error::Invalid(_))));
+            assert!(matches!(fs.rename(ROOT_INO, b"full", b, b"kept-link", 0), Err(Error::NotADirectory(_))));
+            assert!(matches!(fs.rename(a, b"kept", ROOT_INO, b"full", 0), Err(Error::IsADirectory(_))));
             assert!(matches!(fs.rename(ROOT_INO, b"b", moving, b"loop", 0), Err(Error::Invalid(_))));
             assert!(matches!(fs.rename(a, b"victim", a, b"kept", RENAME_NOREPLACE), Err(Error::Exists(_))));
             assert!(matches!(fs.rename(a, b"nothing", a, b"x", 0), Err(Error::NotFound(_))));

@@ -36,7 +36,7 @@ impl Filesystem {
     pub(crate) fn require_dir(&self, ino: u32) -> Result<Arc<Inode>> {
         let inode = self.inode(ino)?;
         if !inode.is_dir() {
-            return Err(Error::Invalid(format!("inode {ino} is not a directory")));
+            return Err(Error::NotADirectory(format!("inode {ino}")));
         }
         Ok(inode)
     }

@@ -34,7 +34,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
         return Err(Error::Invalid(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
     }
     if name.len() > dirent::EXT4_NAME_LEN {
-        return Err(Error::Invalid(format!("name of {} bytes is longer than 255", name.len())));
+        return Err(Error::NameTooLong(format!("name of {} bytes is longer than 255", name.len())));
     }
     if name.contains(&b'/') || name.contains(&0) {
         return Err(Error::Invalid("a name may not contain '/' or NUL".into()));
@@ -198,10 +198,10 @@ impl Filesystem {
         let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
         let mut inode = (*self.inode(ino)?).clone();
         if inode.is_dir() {
-            return Err(Error::Invalid("hard links to directories are not allowed".into()));
+            return Err(Error::NotPermitted("hard links to directories are not allowed".into()));
         }
         if inode.i_links_count >= EXT4_LINK_MAX {
-            return Err(Error::Invalid(format!("inode {ino} already has {} links", inode.i_links_count)));
+            return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
         let mut tx = self.begin(6)?;
         self.ensure_space(NAME_SPACE_BLOCKS)?;
@@ -239,8 +239,8 @@ impl Filesystem {
         let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
         let mut inode = (*self.inode(ino)?).clone();
         match (want_dir, inode.is_dir()) {
-            (true, false) => return Err(Error::Invalid(format!("{}: not a directory", shown()))),
-            (false, true) => return Err(Error::Invalid(format!("{}: is a directory (use rmdir)", shown()))),
+            (true, false) => return Err(Error::NotADirectory(shown())),
+            (false, true) => return Err(Error::IsADirectory(format!("{} (use rmdir)", shown()))),
             _ => {}
         }
         if want_dir && self.read_dir(ino)?.iter().any(|e| e.name != b"." && e.name != b"..") {

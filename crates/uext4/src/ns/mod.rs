@@ -142,14 +142,14 @@ impl Filesystem {
             }
             let dir_inode = self.inode(dir)?;
             if !dir_inode.is_dir() {
-                return Err(Error::Invalid(format!("{shown}: a path component is not a directory")));
+                return Err(Error::NotADirectory(format!("{shown}: a path component is not a directory")));
             }
             let ino = self.lookup(dir, &comp)?.ok_or_else(|| Error::NotFound(shown.clone()))?;
             let inode = self.inode(ino)?;
             if inode.is_symlink() && !pending.is_empty() {
                 follows += 1;
                 if follows > MAX_SYMLINK_FOLLOWS {
-                    return Err(Error::Invalid(format!("{shown}: too many levels of symbolic links")));
+                    return Err(Error::SymlinkLoop(shown.clone()));
                 }
                 let target = self.read_link(ino)?;
                 if target.starts_with(b"/") {

@@ -97,8 +97,8 @@ impl Filesystem {
         if !exchange {
             if let Some(d) = dst {
                 match (src_is_dir, dst_is_dir) {
-                    (false, true) => return Err(Error::Invalid(format!("{}: is a directory", shown(dst_name)))),
-                    (true, false) => return Err(Error::Invalid(format!("{}: not a directory", shown(dst_name)))),
+                    (false, true) => return Err(Error::IsADirectory(shown(dst_name))),
+                    (true, false) => return Err(Error::NotADirectory(shown(dst_name))),
                     (true, true) if self.read_dir(d)?.iter().any(|e| e.name != b"." && e.name != b"..") => {
                         return Err(Error::NotEmpty(shown(dst_name)));
                     }
