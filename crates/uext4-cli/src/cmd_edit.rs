@@ -194,12 +194,14 @@ pub fn rm(a: RmArgs) -> CliResult<()> {
             return Ok(());
         }
         for t in doomed {
-            let r = resolve(fs, t).context(|| cannot(t))?;
+            // Found by the check, so if it is gone now an earlier operand's tree held it.
+            let r = match resolve(fs, t) {
+                Ok(r) if r.ino.is_some() => r,
+                Ok(_) | Err(Error::NotFound(_)) => continue,
+                Err(e) => return Err(Failure::about(&cannot(t), &e)),
+            };
             let (parent, name) = r.entry().expect("only named entries are doomed");
-            // Gone already when an earlier operand's tree held it.
-            if r.ino.is_some() {
-                remove_tree(fs, parent, name).context(|| cannot(t))?;
-            }
+            remove_tree(fs, parent, name).context(|| cannot(t))?;
         }
         Ok(())
     })

@@ -200,11 +200,18 @@ fn copy_in_pass(
             Ok(m) if m.is_dir() && !recursive => {
                 refused.push(Failure::refused(format!("cp: -r not specified; omitting directory {shown}")))
             }
-            Ok(_) if into_dir.is_some() && src.file_name().is_none() => refused.push(Failure::refused(format!(
-                "cp: cannot copy {shown} into {}: it has no name of its own",
-                dest.quoted()
-            ))),
-            Ok(_) => {}
+            Ok(_) => match (into_dir, src.file_name()) {
+                (Some(_), None) => refused.push(Failure::refused(format!(
+                    "cp: cannot copy {shown} into {}: it has no name of its own",
+                    dest.quoted()
+                ))),
+                // uext4's copy-in makes new entries only: one already there is refused now.
+                (Some(dir), Some(name)) if fs.lookup(dir, name.as_bytes()).context(cannot)?.is_some() => {
+                    let e = Error::Exists(String::from_utf8_lossy(name.as_bytes()).into_owned());
+                    refused.push(Failure::about(&format!("cp: cannot copy {shown} into {}", dest.quoted()), &e))
+                }
+                _ => {}
+            },
         }
     }
     let place = match into_dir {

@@ -100,6 +100,8 @@ fn refused_operands_leave_the_image_byte_for_byte() {
     let host = dir.path();
     fs::write(host.join("h1"), b"host one\n").unwrap();
     fs::write(host.join("h2"), b"host two\n").unwrap();
+    fs::create_dir(host.join("x")).unwrap();
+    fs::write(host.join("x/f"), b"a second f\n").unwrap();
     let long = "n".repeat(256);
     let long_path = format!("@/{long}");
     let long_in_sub = format!("@/sub/{long}");
@@ -154,6 +156,8 @@ fn refused_operands_leave_the_image_byte_for_byte() {
         (vec!["cp", "%h1", "%h2", "@/sub/f"], vec!["'@/sub/f'"], FailsWith("Not a directory")),
         (vec!["cp", "%h1", "@/nodir/"], vec!["'@/nodir/'"], FailsWith("Not a directory")),
         (vec!["cp", "-r", "%..", "@/a"], vec!["no name of its own"], Differs),
+        // GNU cp would overwrite; uext4's copy-in never does.
+        (vec!["cp", "%h1", "%x/f", "@/sub/."], vec!["cannot copy", "into '@/sub/.': File exists"], Differs),
     ];
     let mut gnu_compared = 0;
     for (args, fragments, gnu) in &cases {
