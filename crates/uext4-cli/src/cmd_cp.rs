@@ -7,7 +7,7 @@
 //! directories are checked to be real directories before entering them, and
 //! ownership and times are set without following links.
 
-use crate::show::{CliResult, Context, Failure};
+use crate::show::{escape, CliResult, Context, Failure};
 use crate::target::{open_ro, resolve, Last, OpenArgs, Target};
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -140,7 +140,7 @@ impl Extractor<'_> {
             }
             FileType::Fifo | FileType::CharDevice | FileType::BlockDevice => self.make_node(st, dst)?,
             FileType::Socket => {
-                eprintln!("uext4: skipping socket {}", dst.display());
+                eprintln!("uext4: skipping socket {}", escape(dst.as_os_str().as_bytes()));
                 return Ok(());
             }
         }
@@ -230,7 +230,7 @@ impl Extractor<'_> {
         if r != 0 {
             let e = std::io::Error::last_os_error();
             if st.file_type != FileType::Fifo && e.raw_os_error() == Some(libc::EPERM) {
-                eprintln!("uext4: skipping device node {} (needs root)", dst.display());
+                eprintln!("uext4: skipping device node {} (needs root)", escape(dst.as_os_str().as_bytes()));
                 return Ok(());
             }
             return Err(host_error(dst, e));

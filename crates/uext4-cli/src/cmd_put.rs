@@ -6,7 +6,7 @@
 //! pieces are left as holes. Sockets are skipped with a warning, as tar does.
 //! Every source and the destination are checked before anything is copied.
 
-use crate::show::{host_reason, CliResult, Context, Failure};
+use crate::show::{escape, host_reason, CliResult, Context, Failure};
 use crate::target::{check_then_apply, dir_behind, resolve, Pass, Target};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -115,7 +115,7 @@ impl Importer<'_> {
             let rdev = (libc::major(md.rdev()), libc::minor(md.rdev()));
             self.fs.mknod(parent, name, kind | perm, rdev, owner)?.ino
         } else {
-            eprintln!("uext4: skipping socket {}", src.display());
+            eprintln!("uext4: skipping socket {}", escape(src.as_os_str().as_bytes()));
             return Ok(());
         };
         if !ft.is_dir() && md.nlink() > 1 {
@@ -123,7 +123,12 @@ impl Importer<'_> {
         }
         for (xname, value) in host_xattrs(src) {
             if let Err(e) = self.fs.set_xattr(ino, &xname, &value, 0) {
-                eprintln!("uext4: {}: attribute {}: {e}", src.display(), String::from_utf8_lossy(&xname));
+                eprintln!(
+                    "uext4: {}: attribute {}: {}",
+                    escape(src.as_os_str().as_bytes()),
+                    escape(&xname),
+                    escape(e.to_string().as_bytes())
+                );
             }
         }
         let t = |sec: i64, nsec: i64| Some(Timestamp { sec, nsec: nsec as u32 });
