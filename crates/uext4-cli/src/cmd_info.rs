@@ -54,10 +54,11 @@ pub fn run(a: InfoArgs) -> CliResult<()> {
         Err(refused) => {
             let (sb, problem) = read_superblock(&a.image).map_err(|e| Failure::refused(format!("info: {e}")))?;
             let mut notes = Vec::new();
-            if let Some(p) = problem {
+            let refused = refused.to_string();
+            if let Some(p) = problem.filter(|p| *p != refused) {
                 notes.push(("Superblock problem", p));
             }
-            notes.push(("uext4 cannot open it", refused.to_string()));
+            notes.push(("uext4 cannot open it", refused));
             (sb, notes)
         }
     };

@@ -357,6 +357,18 @@ fn info_shows_what_it_can_of_images_it_cannot_open() {
         "e2fsck {code:?}: {findings}"
     );
 
+    // A superblock whose checksum does not match: dumpe2fs warns and prints it.
+    let sb_csum = d.join("sb_csum.img");
+    mkfs(&sb_csum, "32M");
+    let mut bytes = fs::read(&sb_csum).unwrap();
+    bytes[1024 + 0x3fc] ^= 0xff;
+    fs::write(&sb_csum, &bytes).unwrap();
+    let info = assert_info_matches_dumpe2fs(&sb_csum, &["-h"]);
+    assert!(
+        info.lines().any(|l| l.starts_with("uext4 cannot open it:") && l.contains("superblock checksum")),
+        "info does not name the superblock checksum:\n{info}"
+    );
+
     // No superblock at all: the one case info fails.
     let junk = d.join("junk.img");
     fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
