@@ -7,7 +7,8 @@
 //! directories are checked to be real directories before entering them, and
 //! ownership and times are set without following links.
 
-use crate::target::{open_ro, OpenArgs, Target};
+use crate::show::{escape, CliResult, Context, Failure};
+use crate::target::{open_ro, resolve, Last, OpenArgs, Target};
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs::{self, OpenOptions};
@@ -23,6 +24,9 @@ pub struct CpArgs {
     /// Copy directories recursively
     #[arg(short = 'r', short_alias = 'R', long = "recursive")]
     recursive: bool,
+    /// Accepted for cp's sake: modes, owners and times are always kept
+    #[arg(short = 'p', long = "preserve")]
+    _preserve: bool,
     /// SOURCE... DEST: either IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)
     #[arg(required = true, num_args = 2..)]
     paths: Vec<String>,
@@ -136,7 +140,7 @@ impl Extractor<'_> {
             }
             FileType::Fifo | FileType::CharDevice | FileType::BlockDevice => self.make_node(st, dst)?,
             FileType::Socket => {
-                eprintln!("uext4: skipping socket {}", dst.display());
+                eprintln!("uext4: skipping socket {}", escape(dst.as_os_str().as_bytes()));
                 return Ok(());
             }
         }
@@ -226,7 +230,7 @@ impl Extractor<'_> {
         if r != 0 {
             let e = std::io::Error::last_os_error();
             if st.file_type != FileType::Fifo && e.raw_os_error() == Some(libc::EPERM) {
-                eprintln!("uext4: skipping device node {} (needs root)", dst.display());
+                eprintln!("uext4: skipping device node {} (needs root)", escape(dst.as_os_str().as_bytes()));
                 return Ok(());
             }
             return Err(host_error(dst, e));
@@ -239,7 +243,7 @@ impl CpArgs {
     /// A recursive copy out of an image, as the demo uses it.
     pub fn new(source: Target, dest: PathBuf, open: OpenArgs) -> CpArgs {
         let src = format!("{}:{}", source.image.display(), String::from_utf8_lossy(&source.path));
-        CpArgs { recursive: true, paths: vec![src, dest.display().to_string()], open }
+        CpArgs { recursive: true, _preserve: true, paths: vec![src, dest.display().to_string()], open }
     }
 }
 
@@ -248,27 +252,27 @@ fn names_image(arg: &str) -> bool {
     arg.contains(":/") || arg.ends_with(':')
 }
 
-pub fn run(a: CpArgs) -> Result<()> {
+pub fn run(a: CpArgs) -> CliResult<()> {
     let last = a.paths.last().expect("clap requires two paths");
     if names_image(last) {
-        let dest = Target::parse(last).map_err(Error::Invalid)?;
+        let dest = Target::parse(last).map_err(Failure::refused)?;
         let sources: Vec<PathBuf> = a.paths[..a.paths.len() - 1].iter().map(PathBuf::from).collect();
         return crate::cmd_put::copy_in(&sources, &dest, a.recursive);
     }
     if a.paths.len() != 2 || !names_image(&a.paths[0]) {
-        return Err(Error::Invalid(
-            "cp needs IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)".into(),
-        ));
+        return Err(Failure::refused("cp needs IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)"));
     }
-    let source = Target::parse(&a.paths[0]).map_err(Error::Invalid)?;
+    let source = Target::parse(&a.paths[0]).map_err(Failure::refused)?;
     copy_out(source, PathBuf::from(&a.paths[1]), a.recursive, &a.open)
 }
 
-fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> Result<()> {
+fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> CliResult<()> {
     let a = OutArgs { recursive, source, dest, open: open.clone() };
-    let fs = open_ro(&a.source.image, &a.open)?;
-    let ino = fs.lookup_path(&a.source.path)?;
-    let st = fs.stat(ino)?;
+    let fs = open_ro(&a.source.image, &a.open).map_err(|e| Failure::refused(format!("cp: {e}")))?;
+    let cannot = || format!("cp: cannot stat {}", a.source.quoted());
+    let resolved = resolve(&fs, &a.source).context(cannot)?;
+    let ino = resolved.existing(&a.source).context(cannot)?;
+    let st = fs.stat(ino).context(cannot)?;
     let mut ex = Extractor {
         fs: &fs,
         links: HashMap::new(),
@@ -280,23 +284,33 @@ fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> 
         progress: std::io::stderr().is_terminal(),
     };
     // As cp does: into an existing directory under the source's own name, else as DEST.
+    // The root or a final '.' (`cp -r IMG:/dir/. HOSTDIR`): the contents go straight
+    // into an existing HOSTDIR. A final '..' has no name to take there.
     let dest_is_dir = fs::symlink_metadata(&a.dest).map(|m| m.is_dir()).unwrap_or(false);
-    let base = a.source.path.rsplit(|&c| c == b'/').find(|c| !c.is_empty()).map(|c| c.to_vec());
-    match (st.file_type, dest_is_dir, base) {
-        (_, true, None) => {
-            // The image root: its contents go straight into DEST.
+    match (dest_is_dir, resolved.last) {
+        (true, Last::Root | Last::Dot) => {
             if !a.recursive {
-                return Err(Error::Invalid(format!("{} is a directory (use -r)", a.source.shown())));
+                return Err(Failure::about(
+                    &format!("cp: {}", a.source.quoted()),
+                    &Error::IsADirectory("use -r".into()),
+                ));
             }
             ex.dirs_entered.insert(ino);
             ex.copy_dir_contents(ino, &a.dest)?;
         }
-        (_, true, Some(name)) => {
+        (true, Last::DotDot) => {
+            return Err(Failure::refused(format!(
+                "cp: refusing to copy {} into {}: '..' names no entry there (name the directory instead)",
+                a.source.quoted(),
+                crate::show::quoted(&a.dest.display().to_string())
+            )))
+        }
+        (true, Last::Name(name)) => {
             safe_component(&name, "source path")?;
             let dst = a.dest.join(OsStr::from_bytes(&name));
             ex.copy(ino, &st, &dst, a.recursive)?;
         }
-        (_, false, _) => ex.copy(ino, &st, &a.dest, a.recursive)?,
+        (false, _) => ex.copy(ino, &st, &a.dest, a.recursive)?,
     }
     // Directory times last, deepest first, since writing into a directory changes them.
     for (path, st) in ex.dir_times.iter().rev() {

@@ -1,9 +1,19 @@
 //! Small changes inside an image: mkdir, rm, mv, ln, truncate, chmod, chown,
-//! setfattr and getfattr. Each opens the image writable (getfattr read-only) once,
-//! does its work through the library and syncs.
+//! setfattr and getfattr. Operands are resolved with `target::resolve`.
+//!
+//! Every operand is checked before anything changes: one the command cannot act on
+//! (`rm IMG:/.`, `mkdir IMG:/`, a missing file for chmod, a name longer than 255
+//! bytes...) fails the whole command with the image untouched, byte for byte. As a
+//! writable open is itself a change (it may replay the journal and it updates the
+//! journal superblock), each command runs twice (`check_then_apply`): on a
+//! read-only open it checks and stops short of any change, then on a writable open
+//! it checks again and acts. Only mkdir, whose later operands may live in
+//! directories its earlier ones create, checks the rest as it goes. Messages are
+//! GNU coreutils' (`rm: cannot remove 'IMG:/x': ...`).
 
-use crate::target::{parse_target, Target};
-use uext4::{Error, FileType, Filesystem, Options, Owner, Result, SetAttr, ROOT_INO};
+use crate::show::{escape, CliResult, Context, Failure};
+use crate::target::{check_then_apply, dir_behind, follow, parse_target, resolve, Last, Pass, Target};
+use uext4::{Error, FileType, Filesystem, Options, Owner, SetAttr};
 
 /// New inodes belong to whoever runs the command, as with the host's tools.
 fn me() -> Owner {
@@ -11,32 +21,34 @@ fn me() -> Owner {
     unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } }
 }
 
-fn open_rw(t: &Target) -> Result<Filesystem> {
-    Filesystem::open(&t.image, Options { read_only: false, ..Options::default() })
-}
-
-/// (parent inode, last name) of a path; the root has no parent.
-fn split(fs: &Filesystem, t: &Target) -> Result<(u32, Vec<u8>)> {
-    let path: Vec<&[u8]> = t.path.split(|&c| c == b'/').filter(|c| !c.is_empty()).collect();
-    let Some((last, dirs)) = path.split_last() else {
-        return Err(Error::Invalid(format!("{}: the root cannot be used here", t.shown())));
-    };
-    let mut parent_path = b"/".to_vec();
-    parent_path.extend_from_slice(&dirs.join(&b'/'));
-    Ok((fs.lookup_path(&parent_path)?, last.to_vec()))
-}
-
-fn same_image(targets: &[&Target]) -> Result<()> {
-    if targets.windows(2).any(|w| w[0].image != w[1].image) {
-        return Err(Error::Invalid("all paths must be in the same image".into()));
+/// Fails with every refusal found (saying the image was left alone), or passes if
+/// there were none.
+fn refuse_any(command: &str, mut refused: Vec<Failure>) -> CliResult<()> {
+    if refused.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    refused.push(Failure::refused(format!("{command}: nothing was changed")));
+    Err(Failure::all(refused))
 }
 
-/// Opens the one image every target names, writable.
-fn open_shared_image(targets: &[Target]) -> Result<Filesystem> {
-    same_image(&targets.iter().collect::<Vec<_>>())?;
-    open_rw(&targets[0])
+/// Resolves every operand to the inode it acts on (a final symlink followed), or
+/// fails with all that cannot be found, before a command changes anything.
+fn resolve_all(
+    command: &str,
+    fs: &Filesystem,
+    targets: &[Target],
+    context: impl Fn(&Target) -> String,
+) -> CliResult<Vec<u32>> {
+    let mut inos = Vec::new();
+    let mut refused = Vec::new();
+    for t in targets {
+        match resolve(fs, t).and_then(|r| follow(fs, t, &r)) {
+            Ok(ino) => inos.push(ino),
+            Err(e) => refused.push(Failure::about(&context(t), &e)),
+        }
+    }
+    refuse_any(command, refused)?;
+    Ok(inos)
 }
 
 fn parse_mode(s: &str) -> std::result::Result<u16, String> {
@@ -56,26 +68,62 @@ pub struct MkdirArgs {
     targets: Vec<Target>,
 }
 
-pub fn mkdir(a: MkdirArgs) -> Result<()> {
-    let fs = open_shared_image(&a.targets)?;
-    for t in &a.targets {
-        if a.parents {
-            let mut dir = ROOT_INO;
-            for comp in t.path.split(|&c| c == b'/').filter(|c| !c.is_empty()) {
-                dir = match fs.lookup(dir, comp)? {
-                    Some(ino) if fs.stat(ino)?.file_type == FileType::Directory => ino,
-                    Some(_) => {
-                        return Err(Error::Exists(format!("{}: a path component is not a directory", t.shown())))
-                    }
-                    None => fs.mkdir(dir, comp, a.mode, me())?.ino,
-                };
+pub fn mkdir(a: MkdirArgs) -> CliResult<()> {
+    check_then_apply("mkdir", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
+        let cannot = |t: &Target| format!("mkdir: cannot create directory {}", t.quoted());
+        // '.', '..' and the root always exist: without -p that is EEXIST (or whatever
+        // keeps the path from resolving), reported before anything is made. A
+        // missing parent is no refusal: an earlier operand may make it.
+        let mut refused = Vec::new();
+        for t in &a.targets {
+            let named = matches!(t.last(), Last::Name(_));
+            match resolve(fs, t) {
+                Err(Error::NotFound(_)) if named => {}
+                Err(e) => refused.push(Failure::about(&cannot(t), &e)),
+                Ok(r) if (!named || r.ino.is_some()) && !a.parents => {
+                    refused.push(Failure::about(&cannot(t), &Error::Exists(t.shown())))
+                }
+                Ok(_) => {}
             }
-        } else {
-            let (parent, name) = split(&fs, t)?;
-            fs.mkdir(parent, &name, a.mode, me())?;
+        }
+        refuse_any("mkdir", refused)?;
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        for (i, t) in a.targets.iter().enumerate() {
+            if a.parents {
+                make_parents(fs, t, a.mode).context(|| cannot(t))?;
+            } else {
+                let r = resolve(fs, t).change(i > 0, || cannot(t))?;
+                let (parent, name) = r.entry().expect("operands without a name were refused above");
+                fs.mkdir(parent, name, a.mode, me()).change(i > 0, || cannot(t))?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// mkdir -p: each prefix of the path in turn, made if missing; an existing one must
+/// be a directory or a symlink to one.
+fn make_parents(fs: &Filesystem, t: &Target, mode: u16) -> uext4::Result<()> {
+    let mut prefix = Target { image: t.image.clone(), path: Vec::new() };
+    for comp in t.path.split(|&c| c == b'/').filter(|c| !c.is_empty()) {
+        prefix.path.push(b'/');
+        prefix.path.extend_from_slice(comp);
+        let r = resolve(fs, &prefix)?;
+        match (r.ino, r.entry()) {
+            (None, Some((parent, name))) => {
+                fs.mkdir(parent, name, mode, me())?;
+            }
+            (Some(_), _) => {
+                if dir_behind(fs, &prefix, &r)?.is_none() {
+                    return Err(Error::Exists(format!("{} exists and is not a directory", prefix.shown())));
+                }
+            }
+            (None, None) => unreachable!("'.', '..' and the root always resolve to an inode"),
         }
     }
-    fs.sync()
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -91,7 +139,7 @@ pub struct RmArgs {
     targets: Vec<Target>,
 }
 
-fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8]) -> Result<()> {
+fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8]) -> uext4::Result<()> {
     let ino = fs.lookup(parent, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
     if fs.stat(ino)?.file_type != FileType::Directory {
         return fs.unlink(parent, name);
@@ -104,27 +152,59 @@ fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8]) -> Result<()> {
     fs.rmdir(parent, name)
 }
 
-pub fn rm(a: RmArgs) -> Result<()> {
-    let fs = open_shared_image(&a.targets)?;
-    for t in &a.targets {
-        let (parent, name) = split(&fs, t)?;
-        let result = match fs.lookup(parent, &name)? {
-            None => Err(Error::NotFound(t.shown())),
-            Some(ino) if fs.stat(ino)?.file_type == FileType::Directory => {
-                if a.recursive {
-                    remove_tree(&fs, parent, &name)
-                } else {
-                    Err(Error::Invalid(format!("{} is a directory (use -r)", t.shown())))
+pub fn rm(a: RmArgs) -> CliResult<()> {
+    check_then_apply("rm", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
+        let cannot = |t: &Target| format!("rm: cannot remove {}", t.quoted());
+        // Every operand is judged first: a refusal leaves the image as it was.
+        let mut refused = Vec::new();
+        let mut doomed = Vec::new();
+        for t in &a.targets {
+            match t.last() {
+                Last::Dot | Last::DotDot => {
+                    refused.push(Failure::refused(format!(
+                        "rm: refusing to remove '.' or '..' directory: {}",
+                        t.quoted()
+                    )));
+                    continue;
                 }
+                Last::Root => {
+                    refused.push(Failure::refused(format!(
+                        "rm: it is dangerous to operate on {}, the image's root: refusing, as --preserve-root does",
+                        t.quoted()
+                    )));
+                    continue;
+                }
+                Last::Name(_) => {}
             }
-            Some(_) => fs.unlink(parent, &name),
-        };
-        match result {
-            Err(Error::NotFound(_)) if a.force => {}
-            r => r?,
+            match resolve(fs, t).and_then(|r| r.existing(t)) {
+                Ok(ino) => {
+                    if fs.stat(ino).context(|| cannot(t))?.file_type == FileType::Directory && !a.recursive {
+                        refused.push(Failure::about(&cannot(t), &Error::IsADirectory(String::new())));
+                    } else {
+                        doomed.push(t);
+                    }
+                }
+                // rm -f ignores what is not there, as GNU's does (ENOENT and ENOTDIR).
+                Err(Error::NotFound(_) | Error::NotADirectory(_)) if a.force => {}
+                Err(e) => refused.push(Failure::about(&cannot(t), &e)),
+            }
         }
-    }
-    fs.sync()
+        refuse_any("rm", refused)?;
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        for t in doomed {
+            // Found by the check, so if it is gone now an earlier operand's tree held it.
+            let r = match resolve(fs, t) {
+                Ok(r) if r.ino.is_some() => r,
+                Ok(_) | Err(Error::NotFound(_)) => continue,
+                Err(e) => return Err(Failure::about(&cannot(t), &e)),
+            };
+            let (parent, name) = r.entry().expect("only named entries are doomed");
+            remove_tree(fs, parent, name).context(|| cannot(t))?;
+        }
+        Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -137,16 +217,77 @@ pub struct MvArgs {
     to: Target,
 }
 
-pub fn mv(a: MvArgs) -> Result<()> {
-    same_image(&[&a.from, &a.to])?;
-    let fs = open_rw(&a.from)?;
-    let (src_dir, src_name) = split(&fs, &a.from)?;
-    let (dst_dir, dst_name) = match fs.lookup_path(&a.to.path) {
-        Ok(ino) if fs.stat(ino)?.file_type == FileType::Directory => (ino, src_name.clone()),
-        _ => split(&fs, &a.to)?,
-    };
-    fs.rename(src_dir, &src_name, dst_dir, &dst_name, 0)?;
-    fs.sync()
+pub fn mv(a: MvArgs) -> CliResult<()> {
+    let cannot = || format!("mv: cannot move {} to {}", a.from.quoted(), a.to.quoted());
+    check_then_apply("mv", &[&a.from, &a.to], |fs, pass| {
+        let from = resolve(fs, &a.from).context(cannot)?;
+        let Some((src_dir, src_name)) = from.entry() else {
+            // The kernel's rename refuses '.', '..' and the root with EBUSY.
+            return Err(Failure::about(&cannot(), &Error::Busy("'.', '..' and the root cannot be moved".into())));
+        };
+        let src = from.existing(&a.from).context(cannot)?;
+        let to = resolve(fs, &a.to).context(cannot)?;
+        let (dst_dir, dst_name) = match dir_behind(fs, &a.to, &to).context(cannot)? {
+            Some(dir) => (dir, src_name),
+            None => {
+                let Some(entry) = to.entry() else { unreachable!("'.', '..' and the root are directories") };
+                if to.ino.is_none()
+                    && to.trailing_slash
+                    && fs.stat(src).context(cannot)?.file_type != FileType::Directory
+                {
+                    return Err(Failure::about(&cannot(), &Error::NotADirectory(String::new())));
+                }
+                entry
+            }
+        };
+        // What the kernel's rename refuses, found before the writable open.
+        match refuse_rename(fs, src, dst_dir, dst_name) {
+            Err(Error::Invalid(_)) => {
+                return Err(Failure::refused(format!(
+                    "mv: cannot move {} to a subdirectory of itself, {}",
+                    a.from.quoted(),
+                    a.to.quoted()
+                )))
+            }
+            r => r.context(cannot)?,
+        }
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        fs.rename(src_dir, src_name, dst_dir, dst_name, 0).change(false, cannot)?;
+        Ok(())
+    })
+}
+
+/// rename(2)'s refusals: a directory moved under itself (EINVAL), a directory over
+/// a non-directory (ENOTDIR) or the reverse (EISDIR), over a non-empty directory
+/// (ENOTEMPTY).
+fn refuse_rename(fs: &Filesystem, src: u32, dst_dir: u32, dst_name: &[u8]) -> uext4::Result<()> {
+    let src_is_dir = fs.stat(src)?.file_type == FileType::Directory;
+    if src_is_dir {
+        // Up the '..' chain from the new parent; a damaged chain ends the walk.
+        let mut dir = dst_dir;
+        for _ in 0..65536 {
+            if dir == src {
+                return Err(Error::Invalid("a directory cannot move into itself".into()));
+            }
+            match fs.lookup(dir, b"..")? {
+                Some(up) if up != dir => dir = up,
+                _ => break,
+            }
+        }
+    }
+    let Some(dst) = fs.lookup(dst_dir, dst_name)? else { return Ok(()) };
+    if dst == src {
+        return Ok(());
+    }
+    let dst_is_dir = fs.stat(dst)?.file_type == FileType::Directory;
+    match (src_is_dir, dst_is_dir) {
+        (true, false) => Err(Error::NotADirectory(String::new())),
+        (false, true) => Err(Error::IsADirectory(String::new())),
+        (true, true) if fs.read_dir(dst)?.len() > 2 => Err(Error::NotEmpty(String::new())),
+        _ => Ok(()),
+    }
 }
 
 #[derive(clap::Args)]
@@ -156,25 +297,67 @@ pub struct LnArgs {
     symbolic: bool,
     /// What to link to: a path in the same image (IMAGE:/x or /x), or a symlink's text
     target: String,
-    /// IMAGE:/path of the new link
+    /// IMAGE:/path of the new link (or a directory to make it in)
     #[arg(value_parser = parse_target)]
     link: Target,
 }
 
-pub fn ln(a: LnArgs) -> Result<()> {
-    let fs = open_rw(&a.link)?;
-    let (parent, name) = split(&fs, &a.link)?;
-    if a.symbolic {
-        fs.symlink(parent, &name, a.target.as_bytes(), me())?;
+pub fn ln(a: LnArgs) -> CliResult<()> {
+    let kind = if a.symbolic { "symbolic" } else { "hard" };
+    let cannot = || format!("ln: failed to create {kind} link {}", a.link.quoted());
+    // The text as a path: IMAGE:/x names a file of that image, a bare path one of the link's.
+    let mut source = if a.target.contains(":/") {
+        Target::parse(&a.target).map_err(Failure::refused)?
     } else {
-        let path = match a.target.rfind(":/") {
-            Some(i) => a.target[i + 1..].to_string(),
-            None => a.target.clone(),
+        Target { image: a.link.image.clone(), path: a.target.as_bytes().to_vec() }
+    };
+    let images = if a.symbolic {
+        vec![&a.link]
+    } else {
+        if !source.path.starts_with(b"/") {
+            source.path.insert(0, b'/');
+        }
+        vec![&source, &a.link]
+    };
+    check_then_apply("ln", &images, |fs, pass| {
+        let link = resolve(fs, &a.link).context(cannot)?;
+        // Into an existing directory under the target's own name, as ln does.
+        let (parent, name) = match dir_behind(fs, &a.link, &link).context(cannot)? {
+            Some(dir) => match source.last() {
+                Last::Name(n) => (dir, n),
+                _ => return Err(Failure::about(&cannot(), &Error::Exists(a.link.shown()))),
+            },
+            None => match link.entry() {
+                Some(_) if link.ino.is_some() => return Err(Failure::about(&cannot(), &Error::Exists(String::new()))),
+                Some((dir, n)) => (dir, n.to_vec()),
+                None => unreachable!("'.', '..' and the root are directories"),
+            },
         };
-        let ino = fs.lookup_path(path.as_bytes())?;
-        fs.link(ino, parent, &name)?;
-    }
-    fs.sync()
+        // The same for a link made inside a directory.
+        if link.ino.is_some() && fs.lookup(parent, &name).context(cannot)?.is_some() {
+            return Err(Failure::about(&cannot(), &Error::Exists(String::from_utf8_lossy(&name).into_owned())));
+        }
+        let hard_link_to = if a.symbolic {
+            None
+        } else {
+            let from = resolve(fs, &source)
+                .and_then(|r| r.existing(&source))
+                .context(|| format!("ln: failed to access {}", source.quoted()))?;
+            if fs.stat(from).context(cannot)?.file_type == FileType::Directory {
+                return Err(Failure::refused(format!("ln: {}: hard link not allowed for directory", source.quoted())));
+            }
+            Some(from)
+        };
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        match hard_link_to {
+            Some(from) => fs.link(from, parent, &name).map(|_| ()),
+            None => fs.symlink(parent, &name, a.target.as_bytes(), me()).map(|_| ()),
+        }
+        .change(false, cannot)?;
+        Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -187,13 +370,28 @@ pub struct TruncateArgs {
     targets: Vec<Target>,
 }
 
-pub fn truncate(a: TruncateArgs) -> Result<()> {
-    let fs = open_shared_image(&a.targets)?;
-    for t in &a.targets {
-        let ino = fs.lookup_path(&t.path)?;
-        fs.setattr(ino, &SetAttr { size: Some(a.size), ..Default::default() })?;
-    }
-    fs.sync()
+pub fn truncate(a: TruncateArgs) -> CliResult<()> {
+    check_then_apply("truncate", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
+        let cannot = |t: &Target| format!("truncate: cannot open {} for writing", t.quoted());
+        let inos = resolve_all("truncate", fs, &a.targets, cannot)?;
+        let mut refused = Vec::new();
+        for (t, &ino) in a.targets.iter().zip(&inos) {
+            match fs.stat(ino).context(|| cannot(t))?.file_type {
+                FileType::Regular => {}
+                FileType::Directory => refused.push(Failure::about(&cannot(t), &Error::IsADirectory(String::new()))),
+                _ => refused.push(Failure::about(&cannot(t), &Error::Invalid("not a regular file".into()))),
+            }
+        }
+        refuse_any("truncate", refused)?;
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        for (i, (t, &ino)) in a.targets.iter().zip(&inos).enumerate() {
+            fs.setattr(ino, &SetAttr { size: Some(a.size), ..Default::default() })
+                .change(i > 0, || format!("truncate: failed to truncate {} at {} bytes", t.quoted(), a.size))?;
+        }
+        Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -205,12 +403,18 @@ pub struct ChmodArgs {
     targets: Vec<Target>,
 }
 
-pub fn chmod(a: ChmodArgs) -> Result<()> {
-    let fs = open_shared_image(&a.targets)?;
-    for t in &a.targets {
-        fs.setattr(fs.lookup_path(&t.path)?, &SetAttr { perm: Some(a.mode), ..Default::default() })?;
-    }
-    fs.sync()
+pub fn chmod(a: ChmodArgs) -> CliResult<()> {
+    check_then_apply("chmod", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
+        let inos = resolve_all("chmod", fs, &a.targets, |t| format!("chmod: cannot access {}", t.quoted()))?;
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        for (i, (t, &ino)) in a.targets.iter().zip(&inos).enumerate() {
+            fs.setattr(ino, &SetAttr { perm: Some(a.mode), ..Default::default() })
+                .change(i > 0, || format!("chmod: changing permissions of {}", t.quoted()))?;
+        }
+        Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -221,17 +425,23 @@ pub struct ChownArgs {
     targets: Vec<Target>,
 }
 
-pub fn chown(a: ChownArgs) -> Result<()> {
-    let bad = || Error::Invalid(format!("'{}' is not UID[:GID]", a.owner));
+pub fn chown(a: ChownArgs) -> CliResult<()> {
+    let bad = || Failure::refused(format!("chown: invalid owner '{}' (expected numeric UID[:GID])", a.owner));
     let (uid, gid) = match a.owner.split_once(':') {
         Some((u, g)) => (Some(u.parse().map_err(|_| bad())?), Some(g.parse().map_err(|_| bad())?)),
         None => (Some(a.owner.parse().map_err(|_| bad())?), None),
     };
-    let fs = open_shared_image(&a.targets)?;
-    for t in &a.targets {
-        fs.setattr(fs.lookup_path(&t.path)?, &SetAttr { uid, gid, ..Default::default() })?;
-    }
-    fs.sync()
+    check_then_apply("chown", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
+        let inos = resolve_all("chown", fs, &a.targets, |t| format!("chown: cannot access {}", t.quoted()))?;
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        for (i, (t, &ino)) in a.targets.iter().zip(&inos).enumerate() {
+            fs.setattr(ino, &SetAttr { uid, gid, ..Default::default() })
+                .change(i > 0, || format!("chown: changing ownership of {}", t.quoted()))?;
+        }
+        Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -249,17 +459,25 @@ pub struct SetfattrArgs {
     targets: Vec<Target>,
 }
 
-pub fn setfattr(a: SetfattrArgs) -> Result<()> {
-    let fs = open_shared_image(&a.targets)?;
-    for t in &a.targets {
-        let ino = fs.lookup_path(&t.path)?;
-        match (&a.name, &a.remove) {
-            (Some(n), None) => fs.set_xattr(ino, n.as_bytes(), a.value.as_bytes(), 0)?,
-            (None, Some(n)) => fs.remove_xattr(ino, n.as_bytes())?,
-            _ => return Err(Error::Invalid("give exactly one of -n NAME or -x NAME".into())),
-        }
+pub fn setfattr(a: SetfattrArgs) -> CliResult<()> {
+    if a.name.is_some() == a.remove.is_some() {
+        return Err(Failure::refused("setfattr: give exactly one of -n NAME or -x NAME"));
     }
-    fs.sync()
+    check_then_apply("setfattr", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
+        let inos = resolve_all("setfattr", fs, &a.targets, |t| format!("setfattr: {}", t.quoted()))?;
+        if pass == Pass::Check {
+            return Ok(());
+        }
+        for (i, (t, &ino)) in a.targets.iter().zip(&inos).enumerate() {
+            let done = match (&a.name, &a.remove) {
+                (Some(n), _) => fs.set_xattr(ino, n.as_bytes(), a.value.as_bytes(), 0),
+                (_, Some(n)) => fs.remove_xattr(ino, n.as_bytes()),
+                (None, None) => unreachable!("checked above"),
+            };
+            done.change(i > 0, || format!("setfattr: {}", t.quoted()))?;
+        }
+        Ok(())
+    })
 }
 
 #[derive(clap::Args)]
@@ -271,13 +489,15 @@ pub struct GetfattrArgs {
     targets: Vec<Target>,
 }
 
-pub fn getfattr(a: GetfattrArgs) -> Result<()> {
+pub fn getfattr(a: GetfattrArgs) -> CliResult<()> {
     for t in &a.targets {
-        let fs = Filesystem::open(&t.image, Options::default())?;
-        let ino = fs.lookup_path(&t.path)?;
-        println!("# file: {}", t.shown());
+        let context = || format!("getfattr: {}", t.quoted());
+        let fs =
+            Filesystem::open(&t.image, Options::default()).map_err(|e| Failure::refused(format!("getfattr: {e}")))?;
+        let ino = resolve(&fs, t).and_then(|r| follow(&fs, t, &r)).context(context)?;
+        println!("# file: {}", escape(t.shown().as_bytes()));
         let mut found = false;
-        for (name, value) in fs.xattrs(ino)? {
+        for (name, value) in fs.xattrs(ino).context(context)? {
             if a.name.as_deref().is_some_and(|n| n.as_bytes() != name.as_slice()) {
                 continue;
             }
@@ -287,10 +507,14 @@ pub fn getfattr(a: GetfattrArgs) -> Result<()> {
             } else {
                 format!("0x{}", value.iter().map(|b| format!("{b:02x}")).collect::<String>())
             };
-            println!("{}={shown}", String::from_utf8_lossy(&name));
+            println!("{}={shown}", escape(&name));
         }
         if !found && a.name.is_some() {
-            return Err(Error::NotFound(format!("{}: no attribute {}", t.shown(), a.name.as_deref().unwrap_or(""))));
+            return Err(Failure::refused(format!(
+                "{}: {}: No such attribute",
+                context(),
+                a.name.as_deref().unwrap_or("")
+            )));
         }
     }
     Ok(())

@@ -1,9 +1,18 @@
 //! `uext4 info IMAGE`: the superblock summary, in dumpe2fs -h's words.
+//!
+//! Inspection is most needed on images uext4 will not open (an unsupported
+//! incompat feature, a journal it cannot replay, damaged descriptors), so when the
+//! open fails the superblock is read on its own and printed all the same, with a
+//! last line naming what the open refused; its checksum is checked but a mismatch
+//! only reported. The exit status is 0 whenever a superblock could be shown, and 1
+//! only when there is none to show (a short file, no ext2/3/4 magic, an I/O error).
+//! Every value is computed with checked arithmetic: the superblock may be hostile.
 
+use crate::show::{escape, CliResult, Failure};
 use crate::target::{open_ro, OpenArgs};
-use std::path::PathBuf;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use uext4::format::superblock::*;
-use uext4::Result;
 
 #[derive(clap::Args)]
 pub struct InfoArgs {
@@ -27,21 +36,111 @@ fn time(t: u64) -> String {
     }
 }
 
-pub fn run(a: InfoArgs) -> Result<()> {
-    let fs = open_ro(&a.image, &a.open)?;
-    let sb = fs.superblock();
-    let g = fs.geometry();
+pub fn run(a: InfoArgs) -> CliResult<()> {
+    let (sb, notes) = match open_ro(&a.image, &a.open) {
+        Ok(fs) => {
+            let mut notes = Vec::new();
+            if fs.replayed_journal_blocks() > 0 {
+                notes.push((
+                    "Journal",
+                    format!("needs recovery; {} blocks replayed in memory", fs.replayed_journal_blocks()),
+                ));
+            }
+            if fs.read_only_reason() != "opened read-only" {
+                notes.push(("Read-only", fs.read_only_reason().to_string()));
+            }
+            (fs.superblock(), notes)
+        }
+        Err(refused) => {
+            let (sb, problem) = read_superblock(&a.image).map_err(|e| Failure::refused(format!("info: {e}")))?;
+            let mut notes = Vec::new();
+            let refused = refused.to_string();
+            if let Some(p) = problem.filter(|p| *p != refused) {
+                notes.push(("Superblock problem", p));
+            }
+            notes.push(("uext4 cannot open it", refused));
+            (sb, notes)
+        }
+    };
+    for (k, v) in fields(&sb).into_iter().chain(notes) {
+        println!("{:<26}{}", format!("{k}:"), escape(v.as_bytes()));
+    }
+    Ok(())
+}
+
+/// The primary superblock straight from the image, and what is wrong with it if
+/// it does not validate but still has the ext2/3/4 magic.
+fn read_superblock(image: &Path) -> uext4::Result<(Superblock, Option<String>)> {
+    let file = std::fs::File::open(image).map_err(|e| {
+        uext4::Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", image.display())))
+    })?;
+    let mut raw = [0u8; SUPERBLOCK_SIZE];
+    if let Err(e) = file.read_exact_at(&mut raw, SUPERBLOCK_OFFSET) {
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        return Err(if size < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+            uext4::Error::corrupt(
+                format!("{size} bytes is too small to hold a superblock"),
+                image.display().to_string(),
+            )
+        } else {
+            uext4::Error::Io(std::io::Error::new(e.kind(), format!("cannot read {}: {e}", image.display())))
+        });
+    }
+    match Superblock::parse(&raw, true) {
+        Ok(sb) => Ok((sb, None)),
+        Err(e) => {
+            let sb = Superblock::from_bytes(&raw);
+            if sb.s_magic != EXT4_SUPER_MAGIC {
+                return Err(e);
+            }
+            Ok((sb, Some(e.to_string())))
+        }
+    }
+}
+
+/// The feature names in dumpe2fs's order: compat, incompat, ro_compat words, each
+/// by bit, an unknown bit shown as e2p shows it (FEATURE_I31).
+fn features(sb: &Superblock) -> String {
+    let words = [sb.s_feature_compat, sb.s_feature_incompat, sb.s_feature_ro_compat];
+    let mut names = Vec::new();
+    for (word, (bits, letter)) in words.iter().zip(['C', 'I', 'R']).enumerate() {
+        for bit in (0..32).filter(|b| bits & (1u32 << b) != 0) {
+            let known = FEATURE_NAMES.iter().find(|&&(w, m, _)| w as usize == word && m == 1u32 << bit);
+            names.push(known.map_or_else(|| format!("FEATURE_{letter}{bit}"), |&(_, _, name)| name.to_string()));
+        }
+    }
+    if names.is_empty() {
+        "(none)".into()
+    } else {
+        names.join(" ")
+    }
+}
+
+/// dumpe2fs -h's lines, from the superblock alone.
+fn fields(sb: &Superblock) -> Vec<(&'static str, String)> {
     let hash = match sb.s_def_hash_version {
         0 => "legacy",
         1 => "half_md4",
         2 => "tea",
         _ => "unknown",
     };
+    let block_size = 1024u64.checked_shl(sb.s_log_block_size).filter(|_| sb.s_log_block_size <= 6);
+    let groups = sb
+        .s_blocks_count
+        .checked_sub(sb.s_first_data_block as u64)
+        .filter(|_| sb.s_blocks_per_group != 0)
+        .map(|b| b.div_ceil(sb.s_blocks_per_group as u64));
+    let invalid = |what: &str, raw: u64| format!("invalid ({what} {raw})");
+    let name_end = sb.s_volume_name.iter().position(|&c| c == 0).unwrap_or(sb.s_volume_name.len());
+    let volume = &sb.s_volume_name[..name_end];
     let mut lines: Vec<(&str, String)> = vec![
-        ("Filesystem volume name", if sb.volume_name().is_empty() { "<none>".into() } else { sb.volume_name() }),
+        (
+            "Filesystem volume name",
+            if volume.is_empty() { "<none>".into() } else { String::from_utf8_lossy(volume).into_owned() },
+        ),
         ("Filesystem UUID", uuid(&sb.s_uuid)),
         ("Filesystem magic number", format!("{:#06X}", sb.s_magic)),
-        ("Filesystem features", sb.feature_names().join(" ")),
+        ("Filesystem features", features(sb)),
         (
             "Filesystem flags",
             match (sb.s_flags & EXT2_FLAGS_SIGNED_HASH != 0, sb.s_flags & EXT2_FLAGS_UNSIGNED_HASH != 0) {
@@ -57,15 +156,25 @@ pub fn run(a: InfoArgs) -> Result<()> {
         ("Free blocks", sb.s_free_blocks_count.to_string()),
         ("Free inodes", sb.s_free_inodes_count.to_string()),
         ("First block", sb.s_first_data_block.to_string()),
-        ("Block size", sb.block_size().to_string()),
-        ("Group descriptor size", g.desc_size.to_string()),
-        ("Block groups", g.group_count.to_string()),
+        (
+            "Block size",
+            block_size.map_or_else(|| invalid("s_log_block_size", sb.s_log_block_size.into()), |b| b.to_string()),
+        ),
+        ("Group descriptor size", sb.desc_size().to_string()),
+        (
+            "Block groups",
+            groups.map_or_else(|| invalid("s_blocks_per_group", sb.s_blocks_per_group.into()), |g| g.to_string()),
+        ),
         ("Reserved GDT blocks", sb.s_reserved_gdt_blocks.to_string()),
         ("Blocks per group", sb.s_blocks_per_group.to_string()),
         ("Inodes per group", sb.s_inodes_per_group.to_string()),
         (
             "Flex block group size",
-            if sb.s_log_groups_per_flex > 0 { (1u64 << sb.s_log_groups_per_flex).to_string() } else { "-".into() },
+            match sb.s_log_groups_per_flex {
+                0 => "-".into(),
+                log @ 1..=31 => (1u64 << log).to_string(),
+                log => invalid("s_log_groups_per_flex", log.into()),
+            },
         ),
         ("Filesystem created", time(sb.s_mkfs_time)),
         ("Last mount time", time(sb.s_mtime)),
@@ -83,13 +192,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     if sb.has_metadata_csum() {
         lines.push(("Checksum", format!("{:#010x}", sb.s_checksum)));
     }
-    if fs.replayed_journal_blocks() > 0 {
-        lines.push(("Journal", format!("needs recovery; {} blocks replayed in memory", fs.replayed_journal_blocks())));
-    }
-    for (k, v) in lines {
-        println!("{:<26}{v}", format!("{k}:"));
-    }
-    Ok(())
+    lines
 }
 
 fn hash_seed_bytes(seed: &[u32; 4]) -> [u8; 16] {

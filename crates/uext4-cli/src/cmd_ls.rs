@@ -1,6 +1,8 @@
 //! `uext4 ls`, `uext4 cat` and `uext4 stat`: looking at what is inside an image.
+//! Names and symlink targets from the image are printed escaped (`show::escape`).
 
-use crate::target::{open_ro, parse_target, OpenArgs, Target};
+use crate::show::{CliResult, Context, Failure};
+use crate::target::{follow, open_ro, parse_target, resolve, OpenArgs, Target};
 use std::io::Write;
 use uext4::extent::MapKind;
 use uext4::format::inode::{Timestamp, EXT4_EXTENTS_FL, EXT4_INLINE_DATA_FL};
@@ -86,12 +88,21 @@ pub fn format_time(t: Timestamp) -> String {
 }
 
 fn show_name(name: &[u8]) -> String {
-    String::from_utf8_lossy(name).into_owned()
+    crate::show::escape(name)
 }
 
-pub fn run_ls(a: LsArgs) -> Result<()> {
-    let fs = open_ro(&a.target.image, &a.open)?;
-    let ino = fs.lookup_path(&a.target.path)?;
+/// Opens the image read-only and finds the inode `t` names (a final symlink not
+/// followed unless `follow_last`).
+fn open_at(command: &str, t: &Target, open: &OpenArgs, follow_last: bool) -> CliResult<(Filesystem, u32)> {
+    let fs = open_ro(&t.image, open).map_err(|e| Failure::refused(format!("{command}: {e}")))?;
+    let cannot = || format!("{command}: cannot access {}", t.quoted());
+    let r = resolve(&fs, t).context(cannot)?;
+    let ino = if follow_last { follow(&fs, t, &r) } else { r.existing(t) }.context(cannot)?;
+    Ok((fs, ino))
+}
+
+pub fn run_ls(a: LsArgs) -> CliResult<()> {
+    let (fs, ino) = open_at("ls", &a.target, &a.open, false)?;
     let st = fs.stat(ino)?;
     let entries: Vec<(Vec<u8>, u32)> = if st.file_type == FileType::Directory {
         let mut v: Vec<_> = fs
@@ -135,12 +146,20 @@ pub fn run_ls(a: LsArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn run_cat(a: CatArgs) -> Result<()> {
-    let fs = open_ro(&a.target.image, &a.open)?;
-    let ino = fs.lookup_path(&a.target.path)?;
+pub fn run_cat(a: CatArgs) -> CliResult<()> {
+    let (fs, ino) = open_at("cat", &a.target, &a.open, true)?;
     let st = fs.stat(ino)?;
-    if st.file_type != FileType::Regular {
-        return Err(Error::Invalid(format!("{} is not a regular file", a.target.shown())));
+    match st.file_type {
+        FileType::Regular => {}
+        FileType::Directory => {
+            return Err(Failure::about(&format!("cat: {}", a.target.quoted()), &Error::IsADirectory(String::new())))
+        }
+        _ => {
+            return Err(Failure::about(
+                &format!("cat: {}", a.target.quoted()),
+                &Error::Invalid("not a regular file".into()),
+            ))
+        }
     }
     let out = std::io::stdout();
     let mut out = out.lock();
@@ -202,11 +221,10 @@ fn print_mapping(fs: &Filesystem, ino: u32) -> Result<()> {
     Ok(())
 }
 
-pub fn run_stat(a: StatArgs) -> Result<()> {
-    let fs = open_ro(&a.target.image, &a.open)?;
-    let ino = fs.lookup_path(&a.target.path)?;
+pub fn run_stat(a: StatArgs) -> CliResult<()> {
+    let (fs, ino) = open_at("stat", &a.target, &a.open, false)?;
     let st = fs.stat(ino)?;
-    println!("  File: {}", a.target.shown());
+    println!("  File: {}", show_name(a.target.shown().as_bytes()));
     println!(
         "Inode: {ino}   Type: {:?}   Mode: {:04o} ({})",
         st.file_type,

@@ -4,8 +4,10 @@
 //! symlinks, hard links (by host device and inode), fifos and device nodes, and
 //! extended attributes; file data streams in 1 MiB pieces, and all-zero 4 KiB
 //! pieces are left as holes. Sockets are skipped with a warning, as tar does.
+//! Every source and the destination are checked before anything is copied.
 
-use crate::target::Target;
+use crate::show::{escape, host_reason, CliResult, Context, Failure};
+use crate::target::{check_then_apply, dir_behind, resolve, Pass, Target};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::{IsTerminal, Write};
@@ -14,7 +16,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use uext4::format::inode::{Timestamp, S_IFBLK, S_IFCHR, S_IFIFO};
-use uext4::{Error, Filesystem, Options, Owner, Result, SetAttr, ROOT_INO};
+use uext4::{Error, Filesystem, Owner, Result, SetAttr};
 
 struct Importer<'a> {
     fs: &'a Filesystem,
@@ -113,7 +115,7 @@ impl Importer<'_> {
             let rdev = (libc::major(md.rdev()), libc::minor(md.rdev()));
             self.fs.mknod(parent, name, kind | perm, rdev, owner)?.ino
         } else {
-            eprintln!("uext4: skipping socket {}", src.display());
+            eprintln!("uext4: skipping socket {}", escape(src.as_os_str().as_bytes()));
             return Ok(());
         };
         if !ft.is_dir() && md.nlink() > 1 {
@@ -121,7 +123,12 @@ impl Importer<'_> {
         }
         for (xname, value) in host_xattrs(src) {
             if let Err(e) = self.fs.set_xattr(ino, &xname, &value, 0) {
-                eprintln!("uext4: {}: attribute {}: {e}", src.display(), String::from_utf8_lossy(&xname));
+                eprintln!(
+                    "uext4: {}: attribute {}: {}",
+                    escape(src.as_os_str().as_bytes()),
+                    escape(&xname),
+                    escape(e.to_string().as_bytes())
+                );
             }
         }
         let t = |sec: i64, nsec: i64| Some(Timestamp { sec, nsec: nsec as u32 });
@@ -174,45 +181,92 @@ impl Importer<'_> {
 }
 
 /// cp's rule for the destination: into an existing directory under each source's
-/// own name, else (one source) as the destination name itself.
-pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool) -> Result<()> {
-    let fs = Filesystem::open(&dest.image, Options { read_only: false, ..Options::default() })?;
-    let into_dir = match fs.lookup_path(&dest.path) {
-        Ok(ino) => match fs.stat(ino)?.file_type {
-            uext4::FileType::Directory => Some(ino),
-            _ => return Err(Error::Exists(format!("{} exists and is not a directory", dest.shown()))),
-        },
-        Err(Error::NotFound(_)) => None,
-        Err(e) => return Err(e),
+/// own name, else (one source) as the destination name itself. Every source and the
+/// destination are checked before the first file is copied.
+pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool) -> CliResult<()> {
+    check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive))
+}
+
+fn copy_in_pass(
+    fs: &Filesystem,
+    pass: Pass,
+    sources: &[std::path::PathBuf],
+    dest: &Target,
+    recursive: bool,
+) -> CliResult<()> {
+    let cannot = || format!("cp: cannot copy into {}", dest.quoted());
+    let resolved = resolve(fs, dest).context(cannot)?;
+    let into_dir = dir_behind(fs, dest, &resolved).context(cannot)?;
+    let mut refused = Vec::new();
+    for src in sources {
+        let shown = crate::show::quoted(&src.display().to_string());
+        match std::fs::symlink_metadata(src) {
+            Err(e) => refused.push(Failure::refused(format!("cp: cannot stat {shown}: {}", host_reason(&e)))),
+            Ok(m) if m.is_dir() && !recursive => {
+                refused.push(Failure::refused(format!("cp: -r not specified; omitting directory {shown}")))
+            }
+            Ok(_) => match (into_dir, src.file_name()) {
+                (Some(_), None) => refused.push(Failure::refused(format!(
+                    "cp: cannot copy {shown} into {}: it has no name of its own",
+                    dest.quoted()
+                ))),
+                // uext4's copy-in makes new entries only: one already there is refused now.
+                (Some(dir), Some(name)) if fs.lookup(dir, name.as_bytes()).context(cannot)?.is_some() => {
+                    let e = Error::Exists(String::from_utf8_lossy(name.as_bytes()).into_owned());
+                    refused.push(Failure::about(&format!("cp: cannot copy {shown} into {}", dest.quoted()), &e))
+                }
+                _ => {}
+            },
+        }
+    }
+    let place = match into_dir {
+        Some(dir) => Some((dir, None)),
+        None if sources.len() != 1 => {
+            let e = if resolved.ino.is_some() {
+                Error::NotADirectory(String::new())
+            } else {
+                Error::NotFound(String::new())
+            };
+            refused.push(Failure::about(&format!("cp: target {}", dest.quoted()), &e));
+            None
+        }
+        // cp would overwrite an existing file; uext4's copy-in makes new entries only.
+        None if resolved.ino.is_some() => {
+            refused.push(Failure::about(&cannot(), &Error::Exists("uext4 cp does not overwrite".into())));
+            None
+        }
+        None if resolved.trailing_slash => {
+            refused.push(Failure::about(&cannot(), &Error::NotADirectory(String::new())));
+            None
+        }
+        None => resolved.entry().map(|(parent, name)| (parent, Some(name.to_vec()))),
     };
+    if !refused.is_empty() {
+        return Err(Failure::all(refused));
+    }
+    let Some((dir, name)) = place else { unreachable!("a missing destination has a name") };
+    if pass == Pass::Check {
+        return Ok(());
+    }
     let mut im = Importer {
-        fs: &fs,
+        fs,
         recursive,
         links: HashMap::new(),
         files: 0,
         bytes: 0,
         progress: std::io::stderr().is_terminal().then(Instant::now),
     };
-    match into_dir {
-        Some(dir) => {
-            for src in sources {
-                let name =
-                    src.file_name().ok_or_else(|| Error::Invalid(format!("{} has no file name", src.display())))?;
-                im.copy(src, dir, name.as_bytes())?;
-            }
-        }
-        None => {
-            if sources.len() != 1 {
-                return Err(Error::NotFound(format!("{} (a directory is needed for several sources)", dest.shown())));
-            }
-            let path = &dest.path;
-            let cut = path.iter().rposition(|&c| c == b'/').unwrap_or(0);
-            let parent = if cut == 0 { ROOT_INO } else { fs.lookup_path(&path[..cut])? };
-            im.copy(&sources[0], parent, &path[cut + 1..])?;
-        }
+    for src in sources {
+        let name = match &name {
+            Some(n) => n.as_slice(),
+            None => src.file_name().map(|n| n.as_bytes()).expect("checked above"),
+        };
+        let context =
+            || format!("cp: cannot copy {} to {}", crate::show::quoted(&src.display().to_string()), dest.quoted());
+        im.copy(src, dir, name).context(context)?;
     }
     if im.progress.is_some() {
         eprintln!("\r{} files, {} MiB copied", im.files, im.bytes >> 20);
     }
-    fs.sync()
+    Ok(())
 }

@@ -165,7 +165,8 @@ fn run_in(dir: &Path, a: &DemoArgs) -> Result<()> {
         v.sort();
         v
     };
-    crate::cmd_put::copy_in(&sources, &Target { image: image.clone(), path: b"/".to_vec() }, true)?;
+    crate::cmd_put::copy_in(&sources, &Target { image: image.clone(), path: b"/".to_vec() }, true)
+        .map_err(|f| Error::Invalid(f.to_string()))?;
     println!("    copied in {:.2} s", started.elapsed().as_secs_f64());
     e2fsck(&image)?;
     // SAFETY: geteuid has no preconditions.
@@ -209,7 +210,8 @@ fn run_in(dir: &Path, a: &DemoArgs) -> Result<()> {
     step("uext4 cp -r demo.img:/ extracted/ and comparing with the source");
     let out = dir.join("extracted");
     fs::create_dir(&out)?;
-    cmd_cp::run(CpArgs::new(Target { image: image.clone(), path: b"/".to_vec() }, out.clone(), OpenArgs::default()))?;
+    cmd_cp::run(CpArgs::new(Target { image: image.clone(), path: b"/".to_vec() }, out.clone(), OpenArgs::default()))
+        .map_err(|f| Error::Invalid(f.to_string()))?;
     // lost+found exists only in the image.
     fs::remove_dir(out.join("lost+found"))?;
     let compared = compare_trees(&source, &out)?;

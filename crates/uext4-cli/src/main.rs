@@ -1,7 +1,8 @@
 //! `uext4`: the command-line face of the uext4 engine.
 //!
 //! Every subcommand names files inside an image as `IMAGE:/path` (as e2tools' e2cp
-//! does). Exit status is 0 on success and 1 with a one-line message on stderr.
+//! does). Exit status is 0 on success and 1 with a message on stderr (one line per
+//! refused operand), every byte from an image in it escaped (see `show`).
 
 mod cmd_cp;
 mod cmd_edit;
@@ -13,6 +14,7 @@ mod cmd_put;
 mod cmd_stats;
 mod demo;
 mod fuse;
+mod show;
 mod target;
 
 use clap::{Parser, Subcommand};
@@ -73,14 +75,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    let result: show::CliResult<()> = match cli.command {
         Command::Info(a) => cmd_info::run(a),
         Command::Ls(a) => cmd_ls::run_ls(a),
         Command::Cat(a) => cmd_ls::run_cat(a),
         Command::Stat(a) => cmd_ls::run_stat(a),
         Command::Cp(a) => cmd_cp::run(a),
-        Command::Stats(a) => cmd_stats::run(a),
-        Command::Mkfs(a) => cmd_mkfs::run(a),
+        Command::Stats(a) => cmd_stats::run(a).map_err(Into::into),
+        Command::Mkfs(a) => cmd_mkfs::run(a).map_err(Into::into),
         Command::Mkdir(a) => cmd_edit::mkdir(a),
         Command::Rm(a) => cmd_edit::rm(a),
         Command::Mv(a) => cmd_edit::mv(a),
@@ -90,11 +92,11 @@ fn main() -> ExitCode {
         Command::Chown(a) => cmd_edit::chown(a),
         Command::Setfattr(a) => cmd_edit::setfattr(a),
         Command::Getfattr(a) => cmd_edit::getfattr(a),
-        Command::Demo(a) => demo::run(a),
-        Command::Mount(a) => cmd_mount::mount(a),
-        Command::Umount(a) => cmd_mount::umount(a),
-        Command::Tune(a) => cmd_mount::tune(a),
-        Command::Bench(a) => uext4_bench::run(&a).map_err(|e| uext4::Error::Invalid(e.0)),
+        Command::Demo(a) => demo::run(a).map_err(Into::into),
+        Command::Mount(a) => cmd_mount::mount(a).map_err(Into::into),
+        Command::Umount(a) => cmd_mount::umount(a).map_err(Into::into),
+        Command::Tune(a) => cmd_mount::tune(a).map_err(Into::into),
+        Command::Bench(a) => uext4_bench::run(&a).map_err(|e| show::Failure::from(uext4::Error::Invalid(e.0))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -102,7 +104,9 @@ fn main() -> ExitCode {
             if e.to_string().contains("Broken pipe") {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("uext4: {e}");
+            for line in &e.lines {
+                eprintln!("uext4: {}", show::escape(line.as_bytes()));
+            }
             ExitCode::from(1)
         }
     }

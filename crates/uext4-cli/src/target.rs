@@ -1,7 +1,19 @@
-//! `IMAGE:/path` arguments and opening images for the subcommands.
+//! `IMAGE:/path` arguments, opening images for the subcommands, and resolving an
+//! operand inside an opened image.
+//!
+//! Every command resolves its operands with `resolve`, the way the kernel's path walk
+//! does: components before the last are followed (symlinks included) and must be
+//! directories, the last is looked up but not followed, and whether it is a name,
+//! `.`, `..` or the root is kept, so each command can refuse what it cannot act on
+//! (`rm -r IMG:/.`) before it changes anything, which `check_then_apply` makes
+//! true byte for byte.
 
+use crate::show::{CliResult, Failure};
 use std::path::PathBuf;
-use uext4::{Filesystem, Options, Result};
+use uext4::{Error, FileType, Filesystem, Options, Result, ROOT_INO};
+
+/// ext4's longest name; a longer component fails as the kernel's lookup fails.
+const NAME_MAX: usize = 255;
 
 /// An image and a path inside it.
 #[derive(Clone, Debug)]
@@ -25,6 +37,109 @@ impl Target {
     pub fn shown(&self) -> String {
         format!("{}:{}", self.image.display(), String::from_utf8_lossy(&self.path))
     }
+
+    /// What the last component is, from the text alone (nothing is looked up).
+    pub fn last(&self) -> Last {
+        match self.path.split(|&c| c == b'/').rfind(|c| !c.is_empty()) {
+            None => Last::Root,
+            Some(b".") => Last::Dot,
+            Some(b"..") => Last::DotDot,
+            Some(name) => Last::Name(name.to_vec()),
+        }
+    }
+
+    /// The same image with `suffix` appended to the path.
+    pub fn with_suffix(&self, suffix: &[u8]) -> Target {
+        let mut path = self.path.clone();
+        path.extend_from_slice(suffix);
+        Target { image: self.image.clone(), path }
+    }
+
+    /// The operand quoted for a message.
+    pub fn quoted(&self) -> String {
+        crate::show::quoted(&self.shown())
+    }
+}
+
+/// What an operand's last component is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Last {
+    /// The operand is the root itself (`IMG:/`, `IMG:`, `IMG://`).
+    Root,
+    Dot,
+    DotDot,
+    Name(Vec<u8>),
+}
+
+/// An operand resolved in an open image.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The directory the last component is looked up in (the root for the root).
+    pub dir: u32,
+    pub last: Last,
+    /// The inode the operand names (a final symlink not followed); None if absent.
+    pub ino: Option<u32>,
+    /// The operand ends in '/': it must be a directory (or a symlink to one).
+    pub trailing_slash: bool,
+}
+
+impl Resolved {
+    /// The directory entry the operand names, if its last component is a plain name:
+    /// the only kind of operand an entry can be made, removed or renamed at.
+    pub fn entry(&self) -> Option<(u32, &[u8])> {
+        match &self.last {
+            Last::Name(n) => Some((self.dir, n)),
+            _ => None,
+        }
+    }
+
+    /// The existing inode, or ENOENT naming the operand.
+    pub fn existing(&self, t: &Target) -> Result<u32> {
+        self.ino.ok_or_else(|| Error::NotFound(t.shown()))
+    }
+}
+
+/// Resolves `t` in `fs` as the kernel's path walk would (see the module comment).
+/// Fails only when a component before the last is missing or not a directory, or a
+/// component is longer than ext4 allows; a missing last component is `ino: None`.
+pub fn resolve(fs: &Filesystem, t: &Target) -> Result<Resolved> {
+    let comps: Vec<&[u8]> = t.path.split(|&c| c == b'/').filter(|c| !c.is_empty()).collect();
+    if let Some(long) = comps.iter().find(|c| c.len() > NAME_MAX) {
+        return Err(Error::NameTooLong(format!("a name of {} bytes; ext4 allows {NAME_MAX}", long.len())));
+    }
+    let trailing_slash = t.path.len() > 1 && t.path.ends_with(b"/");
+    let Some((_, dirs)) = comps.split_last() else {
+        return Ok(Resolved { dir: ROOT_INO, last: Last::Root, ino: Some(ROOT_INO), trailing_slash: false });
+    };
+    // A final "." makes lookup_path follow a symlink naming the directory itself.
+    let mut dir_path = b"/".to_vec();
+    for d in dirs {
+        dir_path.extend_from_slice(d);
+        dir_path.push(b'/');
+    }
+    dir_path.push(b'.');
+    let dir = fs.lookup_path(&dir_path)?;
+    if fs.stat(dir)?.file_type != FileType::Directory {
+        return Err(Error::NotADirectory("a path component is not a directory".into()));
+    }
+    let (last, ino) = match Target::last(t) {
+        Last::Root | Last::Dot => (Last::Dot, Some(dir)),
+        Last::DotDot => {
+            let parent = fs.lookup(dir, b"..")?;
+            let parent = parent.ok_or_else(|| Error::corrupt("no '..' entry", format!("directory inode {dir}")))?;
+            (Last::DotDot, Some(parent))
+        }
+        Last::Name(name) => {
+            let ino = fs.lookup(dir, &name)?;
+            (Last::Name(name), ino)
+        }
+    };
+    if let (true, Some(ino)) = (trailing_slash, ino) {
+        if !matches!(fs.stat(ino)?.file_type, FileType::Directory | FileType::Symlink) {
+            return Err(Error::NotADirectory(t.shown()));
+        }
+    }
+    Ok(Resolved { dir, last, ino, trailing_slash })
 }
 
 /// Options shared by the reading subcommands.
@@ -54,6 +169,77 @@ pub fn open_ro(image: &std::path::Path, args: &OpenArgs) -> Result<Filesystem> {
             ..Options::default()
         },
     )
+}
+
+/// The inode `t` names with a final symlink followed, as cat, chmod, chown,
+/// truncate and the xattr commands act on it.
+pub fn follow(fs: &Filesystem, t: &Target, r: &Resolved) -> Result<u32> {
+    let ino = r.existing(t)?;
+    if fs.stat(ino)?.file_type != FileType::Symlink {
+        return Ok(ino);
+    }
+    // lookup_path follows every symlink but the last: a "." after it makes it one.
+    fs.lookup_path(&t.with_suffix(b"/.").path)
+}
+
+/// The directory `t` names, following a final symlink (as mv, ln and cp decide
+/// whether to go "into" their last operand); None if it is not one or is absent.
+pub fn dir_behind(fs: &Filesystem, t: &Target, r: &Resolved) -> Result<Option<u32>> {
+    if r.ino.is_none() {
+        return Ok(None);
+    }
+    match follow(fs, t, r) {
+        Ok(ino) if fs.stat(ino)?.file_type == FileType::Directory => Ok(Some(ino)),
+        Ok(_) | Err(Error::NotFound(_)) | Err(Error::NotADirectory(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn same_image(command: &str, targets: &[&Target]) -> CliResult<()> {
+    if targets.windows(2).any(|w| w[0].image != w[1].image) {
+        return Err(Failure::refused(format!("{command}: all paths must be in the same image")));
+    }
+    Ok(())
+}
+
+/// Whether a command's body only checks (on a read-only open) or also acts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Check,
+    Apply,
+}
+
+/// Runs `body` on a read-only open of the one image every target names, where it
+/// checks every operand and returns before changing anything, then, if that
+/// passed, on a writable open, where it acts; then syncs.
+pub fn check_then_apply(
+    command: &str,
+    targets: &[&Target],
+    body: impl Fn(&Filesystem, Pass) -> CliResult<()>,
+) -> CliResult<()> {
+    same_image(command, targets)?;
+    let image = &targets[0].image;
+    let opened = |e: Error| Failure::refused(format!("{command}: {e}"));
+    let fs = Filesystem::open(image, Options::default()).map_err(opened)?;
+    body(&fs, Pass::Check)?;
+    drop(fs);
+    let fs = open_rw(image).map_err(opened)?;
+    if let Err(failure) = body(&fs, Pass::Apply) {
+        // Closing a writable open writes (the journal superblock, at least): skip
+        // that when the library refused before anything changed. Otherwise what
+        // was done is written back whole, as it is consistent.
+        if failure.untouched {
+            fs.abandon();
+        }
+        return Err(failure);
+    }
+    fs.sync()?;
+    Ok(())
+}
+
+/// Opens an image writable for the editing commands.
+pub fn open_rw(image: &std::path::Path) -> Result<Filesystem> {
+    Filesystem::open(image, Options { read_only: false, ..Options::default() })
 }
 
 pub fn parse_target(s: &str) -> std::result::Result<Target, String> {

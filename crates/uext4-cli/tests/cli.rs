@@ -94,9 +94,14 @@ fn errors_are_one_line_and_exit_1() {
         let image = dir.path().join("fs.img");
         image_from(&tree, &image, &[]);
         let i = image.to_str().unwrap();
-        assert!(fails(&["cat", &format!("{i}:/no/such/file")]).contains("not found"));
-        assert!(fails(&["cat", &format!("{i}:/dir")]).contains("not a regular file"));
-        assert!(fails(&["ls", &format!("{i}:/hello.txt/x")]).contains("not a directory"));
+        // GNU's words: the command, the operand, the errno text.
+        let missing = fails(&["cat", &format!("{i}:/no/such/file")]);
+        assert!(
+            missing.contains(&format!("cat: cannot access '{i}:/no/such/file': No such file or directory")),
+            "{missing}"
+        );
+        assert!(fails(&["cat", &format!("{i}:/dir")]).contains("Is a directory"));
+        assert!(fails(&["ls", &format!("{i}:/hello.txt/x")]).contains("Not a directory"));
     }
 }
 

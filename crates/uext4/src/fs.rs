@@ -112,6 +112,8 @@ pub struct Filesystem {
     read_only: bool,
     /// Why the filesystem is read-only, for error messages.
     read_only_reason: String,
+    /// Damage a read-only open went on with (a group descriptor checksum mismatch).
+    damage_at_open: Option<String>,
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
     pub(crate) alloc: crate::alloc::AllocState,
@@ -261,7 +263,26 @@ impl Filesystem {
             (read_only, reason)
         };
         let cache = BufferCache::new(dev, geo.block_size, opts.cache_mb);
-        let groups = Self::read_group_descriptors(&cache, &sb, &geo)?;
+        // As the kernel's ext4_check_descriptors: a descriptor whose only fault is
+        // its checksum refuses a writable mount and lets a read-only one go on.
+        let bad_checksum = Self::first_bad_descriptor_checksum(&cache, &sb, &geo);
+        let groups = Self::read_group_descriptors(&cache, &sb, &geo).map_err(|e| match (&bad_checksum, e) {
+            (Some(bad), Error::Corrupt { what, location }) => Error::corrupt(format!("{what}; and {bad}"), location),
+            (_, e) => e,
+        })?;
+        let (read_only, reason) = match &bad_checksum {
+            None => (read_only, reason),
+            Some(bad) if read_only => (true, format!("{bad}; opened read-only, as the kernel mounts such an image")),
+            Some(bad) => {
+                return Err(Error::corrupt(
+                    format!(
+                        "{bad}; a writable open is refused as the kernel refuses a read-write mount \
+                         (open it read-only, or repair it with e2fsck)"
+                    ),
+                    "group descriptors",
+                ))
+            }
+        };
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
         let alloc = crate::alloc::AllocState::new(&groups.iter().map(|g| g.read().clone()).collect::<Vec<_>>());
         let fs = Filesystem {
@@ -282,6 +303,7 @@ impl Filesystem {
             inode_cache_shard_capacity: shard_capacity,
             read_only,
             read_only_reason: reason,
+            damage_at_open: bad_checksum,
             replayed_journal_blocks,
             journal: None,
         };
@@ -316,6 +338,27 @@ impl Filesystem {
         (group_start + has_super, index_in_block)
     }
 
+    /// The first group whose descriptor fails its checksum, described; None when
+    /// all match (or checksums are not verified).
+    fn first_bad_descriptor_checksum(cache: &BufferCache, sb: &Superblock, geo: &Geometry) -> Option<String> {
+        if !geo.verify_checksums {
+            return None;
+        }
+        (0..geo.group_count).find_map(|g| {
+            let (block, off) = Self::group_desc_location(sb, g);
+            if block >= geo.blocks_count {
+                return None;
+            }
+            let buf = cache.get(block).ok()?;
+            let data = buf.read();
+            let raw = data.get(off..off + geo.desc_size)?;
+            match GroupDesc::verify(raw, geo.desc_size, g, geo.gd_csum) {
+                Err(Error::Corrupt { what, location }) => Some(format!("{location}: {what}")),
+                _ => None,
+            }
+        })
+    }
+
     fn read_group_descriptors(cache: &BufferCache, sb: &Superblock, geo: &Geometry) -> Result<Vec<RwLock<GroupDesc>>> {
         let mut groups = Vec::with_capacity(geo.group_count as usize);
         for g in 0..geo.group_count {
@@ -329,9 +372,6 @@ impl Filesystem {
             let buf = cache.get(block)?;
             let data = buf.read();
             let raw = &data[off..off + geo.desc_size];
-            if geo.verify_checksums {
-                GroupDesc::verify(raw, geo.desc_size, g, geo.gd_csum)?;
-            }
             let gd = GroupDesc::parse(raw, geo.desc_size);
             for (what, b) in [
                 ("block bitmap", gd.bg_block_bitmap),
@@ -372,6 +412,11 @@ impl Filesystem {
 
     pub fn read_only_reason(&self) -> &str {
         &self.read_only_reason
+    }
+
+    /// Damage found at open that a read-only open goes on with, if any.
+    pub fn damage_at_open(&self) -> Option<&str> {
+        self.damage_at_open.as_deref()
     }
 
     /// How many blocks the journal replay (in memory) supplied at open; 0 if none.

@@ -126,7 +126,14 @@ pub fn open_and_walk_bytes(image: Vec<u8>, opts: Options, budget: &Budget) -> Re
 /// Opens a device and walks it. Err only when the open fails.
 pub fn open_and_walk(dev: Arc<dyn BlockDevice>, opts: Options, budget: &Budget) -> Result<Report> {
     let fs = Filesystem::open_device(dev, opts)?;
-    Ok(walk_everything(&fs, budget))
+    let mut report = walk_everything(&fs, budget);
+    if let Some(damage) = fs.damage_at_open() {
+        // First among the messages: the walk's errors may follow from it.
+        let kept = std::mem::take(&mut report.messages);
+        report.note("open (went on read-only)", &Error::corrupt(damage, "group descriptors"));
+        report.messages.extend(kept.into_iter().take(KEPT_MESSAGES - 1));
+    }
+    Ok(report)
 }
 
 struct Walker<'a> {
