@@ -260,8 +260,9 @@ impl Filesystem {
         inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
         if inode.i_links_count == 0 {
             if self.is_open(ino) {
-                // Still open: freed on the last close, or after a crash at the next open.
-                self.orphan_add(ino, &mut inode);
+                // Still open: freed on the last close, or after a crash at the next
+                // open, from the orphan record this handle makes with the unlink.
+                self.orphan_add(&mut tx, ino, &mut inode)?;
             } else {
                 self.release_inode(&mut tx, ino, &mut inode)?;
             }
