@@ -33,6 +33,8 @@ fn unlinked_while_open_lives_until_close() {
     fs.unlink(ROOT_INO, b"a").unwrap();
     fs.unlink(ROOT_INO, b"b").unwrap();
     assert_eq!(fs.read_all(a).unwrap(), vec![9u8; 3 << 20], "an open, unlinked file stays readable");
+    // An orphan cannot get a name back (ENOENT, as the kernel's link(2) says).
+    assert!(matches!(fs.link(a, ROOT_INO, b"again"), Err(uext4::Error::NotFound(_))));
     assert!(fs.free_blocks() < free);
     assert_eq!(fs.superblock().s_last_orphan, b, "the last unlinked heads the orphan list");
     fs.close_inode(a).unwrap();

@@ -200,6 +200,11 @@ impl Filesystem {
         if inode.is_dir() {
             return Err(Error::NotPermitted("hard links to directories are not allowed".into()));
         }
+        if inode.i_links_count == 0 {
+            // Unlinked but still open: it is an orphan and stays one (the kernel's
+            // vfs_link refuses it the same way).
+            return Err(Error::NotFound(format!("inode {ino} has been unlinked")));
+        }
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
