@@ -297,17 +297,16 @@ impl Filesystem {
             journal: None,
         };
         let mut fs = fs;
+        // Orphans a previous session (uext4's or the kernel's) left in the chain or
+        // the orphan file: checked before the first write, freed after the journal
+        // is ready.
+        let orphans = if fs.read_only { None } else { Some(fs.pending_orphans()?) };
         if !fs.read_only && fs.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
             let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
             fs.journal = Some(crate::journal::log::Journal::load(&fs, interval)?);
         }
-        // Inodes a previous session (uext4's or the kernel's) unlinked while open
-        // and never closed, in the chain or the orphan file.
-        if !fs.read_only {
-            let in_file = fs.load_orphan_file()?;
-            if fs.sb.read().s_last_orphan != 0 || !in_file.is_empty() {
-                fs.process_orphans(&in_file)?;
-            }
+        if let Some(orphans) = orphans.filter(|o| !o.is_empty()) {
+            fs.process_orphans(&orphans)?;
         }
         Ok(fs)
     }

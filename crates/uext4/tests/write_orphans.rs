@@ -429,3 +429,41 @@ fn concurrent_orphans_then_a_power_cut() {
         judge_cut(dir.path(), &snapshot, free, &format!("concurrent orphans, features '{features}'"));
     }
 }
+
+/// Orphan records that cannot be right refuse a writable open, naming what is
+/// wrong, before anything is written; a read-only open still works.
+#[test]
+fn bad_orphan_records_refuse_a_writable_open_before_any_change() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |image: &std::path::Path, says: &str| {
+        let before = std::fs::read(image).unwrap();
+        match Filesystem::open(image, Options { read_only: false, ..Options::default() }) {
+            Ok(_) => panic!("a writable open with {says} must be refused"),
+            Err(e) => {
+                assert!(matches!(e, uext4::Error::Corrupt { .. }), "{e:?}");
+                assert!(e.to_string().contains(says), "the refusal says '{says}': {e}");
+            }
+        }
+        assert!(std::fs::read(image).unwrap() == before, "the refused open changed the image");
+        let fs = Filesystem::open(image, Options::default()).unwrap();
+        assert!(fs.lookup_path(b"/lost+found").is_ok());
+    };
+    // The chain's head names an inode nobody uses.
+    let image = kernel_image(dir.path(), "");
+    oracle::run(std::process::Command::new("debugfs").args(["-w", "-R", "ssv last_orphan 40"]).arg(&image));
+    refused(&image, "not in use");
+    // ... or one below s_first_ino.
+    oracle::run(std::process::Command::new("debugfs").args(["-w", "-R", "ssv last_orphan 7"]).arg(&image));
+    refused(&image, "cannot be an orphan");
+    // The orphan file's block lost its magic.
+    let image = kernel_image(dir.path(), "orphan_file");
+    let out = oracle::run(std::process::Command::new("debugfs").args(["-R", "blocks <12>"]).arg(&image));
+    let first: u64 = out.split_whitespace().find_map(|w| w.parse().ok()).expect("the orphan file's blocks");
+    let f = std::fs::OpenOptions::new().write(true).open(&image).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 4], first * 4096 + 4096 - 8).unwrap();
+    drop(f);
+    refused(&image, "bad magic");
+}

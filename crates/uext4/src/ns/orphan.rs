@@ -30,7 +30,7 @@
 use crate::error::{Error, Result};
 use crate::format::bitmap;
 use crate::format::group_desc::{GdCsum, EXT4_BG_INODE_UNINIT};
-use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
+use crate::format::inode::*;
 use crate::format::superblock::*;
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
@@ -56,6 +56,18 @@ struct OrphanFile {
     free: Vec<u32>,
     /// The orphan file inode's checksum seed (the block checksums start from it).
     seed: u32,
+}
+
+/// Orphans a previous session left, in the order they are processed.
+pub(crate) struct PendingOrphans {
+    chain: Vec<u32>,
+    in_file: Vec<(usize, u32)>,
+}
+
+impl PendingOrphans {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.chain.is_empty() && self.in_file.is_empty()
+    }
 }
 
 /// In-memory view of the orphan records (see the module comment).
@@ -326,6 +338,16 @@ impl Filesystem {
         if !self.inode_allocated(ino)? {
             return Err(bad("which is not in use"));
         }
+        // What release_inode cannot free must refuse now, not half-way through.
+        let inode = self.inode(ino)?;
+        let blockless = inode.has_flag(EXT4_INLINE_DATA_FL)
+            || inode.is_symlink()
+            || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK);
+        if inode.i_links_count == 0 && !inode.has_flag(EXT4_EXTENTS_FL) && !blockless {
+            return Err(Error::unsupported(format!(
+                "{record} names inode {ino}, which is block-mapped: uext4 cannot free it (e2fsck -fy can)"
+            )));
+        }
         Ok(())
     }
 
@@ -349,28 +371,36 @@ impl Filesystem {
         Ok(false)
     }
 
-    /// Frees what a previous session left as orphans (run at a writable open, with
-    /// the orphan file loaded): the chain from `s_last_orphan`, then the orphan
-    /// file's entries. Everything is checked before anything changes; then each
-    /// orphan goes in a handle of its own that also drops its record, so a crash
-    /// part-way leaves the rest recorded. Returns how many inodes were freed.
-    pub(crate) fn process_orphans(&self, in_file: &[(usize, u32)]) -> Result<usize> {
+    /// What a previous session left as orphans, checked before anything is
+    /// written at a writable open (the orphan file loaded here): the chain from
+    /// `s_last_orphan`, then the orphan file's entries as (slot, inode).
+    pub(crate) fn pending_orphans(&self) -> Result<PendingOrphans> {
+        let in_file = self.load_orphan_file()?;
         let mut chain = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         let mut at = self.sb.read().s_last_orphan;
         while at != 0 {
-            if chain.len() as u32 >= self.geo.inodes_count || chain.contains(&at) {
-                return Err(Error::corrupt("the orphan chain does not end", "superblock s_last_orphan"));
+            if !seen.insert(at) {
+                return Err(Error::corrupt("the orphan chain runs in a loop", "superblock s_last_orphan"));
             }
             self.check_orphan(at, "the orphan chain")?;
             chain.push(at);
             at = self.inode(at)?.i_dtime;
         }
-        for &(_, ino) in in_file {
+        for &(_, ino) in &in_file {
             self.check_orphan(ino, "the orphan file")?;
-            if chain.contains(&ino) || in_file.iter().filter(|(_, i)| *i == ino).count() > 1 {
+            if !seen.insert(ino) {
                 return Err(Error::corrupt(format!("inode {ino} is recorded twice"), "orphan records"));
             }
         }
+        Ok(PendingOrphans { chain, in_file })
+    }
+
+    /// Frees (or truncates) the orphans `pending_orphans` found, each in a handle
+    /// of its own that also drops its record, so a crash part-way leaves the rest
+    /// recorded. Returns how many inodes were freed.
+    pub(crate) fn process_orphans(&self, pending: &PendingOrphans) -> Result<usize> {
+        let PendingOrphans { chain, in_file } = pending;
         let mut freed = 0;
         for (n, &ino) in chain.iter().enumerate() {
             let mut tx = self.begin(16)?;
@@ -382,7 +412,7 @@ impl Filesystem {
             freed += usize::from(self.process_one_orphan(&mut tx, ino)?);
             tx.finish()?;
         }
-        for &(slot, ino) in in_file {
+        for &(slot, ino) in in_file.iter() {
             let mut tx = self.begin(16)?;
             {
                 let mut orphans = self.orphans.lock();
