@@ -667,7 +667,8 @@ fn a_failing_io_uring_queue_ends_the_session_instead_of_hanging() {
 /// Issue 12 item 6 and issue 13 through the mount: every name the kernel has
 /// looked up pins its inode, so an unlinked or renamed-over file lives on as an
 /// orphan until the kernel forgets it. Files unlinked or renamed over (closed,
-/// and one held open), the directory fsync'd, then the daemon killed: after
+/// and one held open), the directory fsync'd, then the daemon killed (with and
+/// without an orphan file): after
 /// uext4's recovery and, on a copy, after the kernel's, e2fsck -fn is silent and
 /// the fsync'd file survives.
 #[test]
@@ -675,10 +676,15 @@ fn unlink_and_rename_over_then_directory_fsync_then_kill() {
     if !oracles() || !is_root() {
         return;
     }
-    for round in 0..3 {
+    // Rounds 2 and 3 on an image with an orphan file, where the orphans go.
+    for round in 0..4 {
         let work = tempfile::tempdir().unwrap();
         let image = work.path().join("img");
-        mkfs(&image, "64M");
+        if round < 2 {
+            mkfs(&image, "64M");
+        } else {
+            run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", "orphan_file"]).arg(&image).arg("64M"));
+        }
         let mnt = work.path().join("mnt");
         fs::create_dir(&mnt).unwrap();
         let mut daemon = uext4()
