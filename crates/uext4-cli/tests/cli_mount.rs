@@ -663,3 +663,75 @@ fn a_failing_io_uring_queue_ends_the_session_instead_of_hanging() {
     }
     assert_e2fsck_clean(&image);
 }
+
+/// Issue 12 item 6 and issue 13 through the mount: every name the kernel has
+/// looked up pins its inode, so an unlinked or renamed-over file lives on as an
+/// orphan until the kernel forgets it. Files unlinked or renamed over (closed,
+/// and one held open), the directory fsync'd, then the daemon killed (with and
+/// without an orphan file): after
+/// uext4's recovery and, on a copy, after the kernel's, e2fsck -fn is silent and
+/// the fsync'd file survives.
+#[test]
+fn unlink_and_rename_over_then_directory_fsync_then_kill() {
+    if !oracles() || !is_root() {
+        return;
+    }
+    // Rounds 2 and 3 on an image with an orphan file, where the orphans go.
+    for round in 0..4 {
+        let work = tempfile::tempdir().unwrap();
+        let image = work.path().join("img");
+        if round < 2 {
+            mkfs(&image, "64M");
+        } else {
+            run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", "orphan_file"]).arg(&image).arg("64M"));
+        }
+        let mnt = work.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        let mut daemon = uext4()
+            .arg("mount")
+            .arg("--foreground")
+            .arg(&image)
+            .arg(&mnt)
+            .args(["-o", "io_uring=off"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !fs::read_to_string("/proc/self/mounts").unwrap().contains(&*mnt.to_string_lossy()) {
+            assert!(Instant::now() < deadline, "the foreground mount never came up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for name in ["keep", "a", "b", "c", "held"] {
+            let mut f = File::create(mnt.join(name)).unwrap();
+            std::io::Write::write_all(&mut f, &vec![name.as_bytes()[0]; 300_000]).unwrap();
+            f.sync_all().unwrap();
+        }
+        File::open(&mnt).unwrap().sync_all().unwrap();
+        let held = File::open(mnt.join("held")).unwrap();
+        fs::remove_file(mnt.join("a")).unwrap();
+        fs::rename(mnt.join("b"), mnt.join("c")).unwrap();
+        fs::remove_file(mnt.join("held")).unwrap();
+        File::open(&mnt).unwrap().sync_all().unwrap();
+        unsafe { libc::kill(daemon.id() as i32, libc::SIGKILL) };
+        daemon.wait().unwrap();
+        drop(held);
+        let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+
+        let ours = work.path().join("ours.img");
+        fs::copy(&image, &ours).unwrap();
+        let theirs = work.path().join("theirs.img");
+        fs::copy(&image, &theirs).unwrap();
+        // uext4's recovery: any writable open replays the journal and frees orphans.
+        run(uext4().arg("mkdir").arg(format!("{}:/after", ours.display())));
+        assert_e2fsck_clean(&ours);
+        let kept = run(uext4().arg("cat").arg(format!("{}:/keep", ours.display())));
+        assert_eq!(kept.len(), 300_000, "round {round}: /keep after uext4's recovery");
+        // The kernel's recovery.
+        {
+            let m = KernelMount::new(&theirs, "");
+            assert_eq!(fs::read(m.dir.join("keep")).unwrap(), vec![b'k'; 300_000], "round {round}");
+            assert_eq!(fs::read(m.dir.join("c")).unwrap(), vec![b'b'; 300_000], "round {round}");
+            assert!(!m.dir.join("a").exists() && !m.dir.join("b").exists() && !m.dir.join("held").exists());
+        }
+        assert_e2fsck_clean(&theirs);
+    }
+}

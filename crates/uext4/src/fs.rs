@@ -127,6 +127,8 @@ pub struct Filesystem {
     pub(crate) cache_mb: usize,
     /// Open handles per inode: an unlinked inode lives until its last close.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
+    /// The orphan chain and orphan file as recorded on disk (ns/orphan.rs).
+    pub(crate) orphans: Mutex<crate::ns::orphan::Orphans>,
     /// The rename lock (DESIGN.md level 1): only cross-directory renames take it.
     pub(crate) rename_lock: Mutex<()>,
     /// Directory name locks (DESIGN.md level 2; one per directory until pdirops).
@@ -187,6 +189,14 @@ impl Filesystem {
         }
         let mut read_only = opts.read_only;
         let mut reason = if read_only { "opened read-only".to_string() } else { String::new() };
+        // Multi-mount protection needs a writer that keeps its MMP block's sequence
+        // alive (the kernel's kmmpd); uext4 has none, so it only reads such images.
+        if sb.has_incompat(INCOMPAT_MMP) && !read_only {
+            return Err(Error::unsupported(
+                "writing an image with multi-mount protection (mmp): uext4 does not run the MMP \
+                 heartbeat; open read-only, or turn it off with tune2fs -O ^mmp when no other host uses it",
+            ));
+        }
         let unknown_ro = sb.s_feature_ro_compat & !RO_COMPAT_SUPPORTED;
         if unknown_ro != 0 && !read_only {
             return Err(Error::unsupported(format!(
@@ -296,6 +306,7 @@ impl Filesystem {
             commit_interval_secs: opts.commit_interval_secs,
             cache_mb: opts.cache_mb,
             open_files: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
             dir_locks: crate::locks::LockTable::default(),
             inode_locks: crate::locks::LockTable::default(),
@@ -308,13 +319,16 @@ impl Filesystem {
             journal: None,
         };
         let mut fs = fs;
+        // Orphans a previous session (uext4's or the kernel's) left in the chain or
+        // the orphan file: checked before the first write, freed after the journal
+        // is ready.
+        let orphans = if fs.read_only { None } else { Some(fs.pending_orphans()?) };
         if !fs.read_only && fs.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
             let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
             fs.journal = Some(crate::journal::log::Journal::load(&fs, interval)?);
         }
-        // Inodes a previous session unlinked while open, and never closed.
-        if !fs.read_only && fs.sb.read().s_last_orphan != 0 {
-            fs.process_orphans()?;
+        if let Some(orphans) = orphans.filter(|o| !o.is_empty()) {
+            fs.process_orphans(&orphans)?;
         }
         Ok(fs)
     }
@@ -583,17 +597,19 @@ impl Filesystem {
         {
             // The handle first: beginning one may commit, which takes the superblock lock.
             let mut tx = self.begin(1)?;
+            // The orphans lock before the superblock's (ns/orphan.rs): orphan_present
+            // goes once the orphan file is empty, as at the kernel's clean unmount.
+            let orphans = self.orphans.lock();
             let mut sb = self.sb.write();
             sb.s_free_blocks_count = self.free_blocks();
             sb.s_free_inodes_count = self.free_inodes() as u32;
             sb.s_wtime = crate::clock::coarse_seconds();
-            let bytes = sb.to_bytes();
-            let bs = self.geo.block_size as u64;
-            let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
-            let buf = self.cache.get(block)?;
-            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
-            tx.dirty(&buf);
+            if Self::orphan_file_in_use(&orphans) == Some(false) {
+                sb.s_feature_ro_compat &= !RO_COMPAT_ORPHAN_PRESENT;
+            }
+            self.stage_superblock(&mut tx, &sb)?;
             drop(sb);
+            drop(orphans);
             tx.finish()?;
         }
         match self.journal {

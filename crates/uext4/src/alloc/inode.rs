@@ -159,7 +159,24 @@ impl Filesystem {
     }
 
     /// Writes `inode` to its slot in the inode table and makes it the cached copy.
+    /// An inode without links may be on the orphan chain, whose link lives in its
+    /// i_dtime: that is stamped from the chain, under the orphans lock, so a
+    /// caller's older copy cannot undo a chain change (see ns/orphan.rs).
     pub fn write_inode(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
+        if inode.i_links_count == 0 {
+            let orphans = self.orphans.lock();
+            if let Some(next) = orphans.chain_next(ino) {
+                let mut on_chain = inode.clone();
+                on_chain.i_dtime = next;
+                return self.write_inode_slot(tx, ino, &on_chain);
+            }
+        }
+        self.write_inode_slot(tx, ino, inode)
+    }
+
+    /// `write_inode` without the orphan chain's stamp (for callers holding the
+    /// orphans lock).
+    pub(crate) fn write_inode_slot(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
         let group = (ino - 1) / self.geo.inodes_per_group;
         let index = (ino - 1) % self.geo.inodes_per_group;
         let table = self.groups[group as usize].read().bg_inode_table;

@@ -200,6 +200,11 @@ impl Filesystem {
         if inode.is_dir() {
             return Err(Error::NotPermitted("hard links to directories are not allowed".into()));
         }
+        if inode.i_links_count == 0 {
+            // Unlinked but still open: it is an orphan and stays one (the kernel's
+            // vfs_link refuses it the same way).
+            return Err(Error::NotFound(format!("inode {ino} has been unlinked")));
+        }
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
@@ -260,8 +265,9 @@ impl Filesystem {
         inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
         if inode.i_links_count == 0 {
             if self.is_open(ino) {
-                // Still open: freed on the last close, or after a crash at the next open.
-                self.orphan_add(ino, &mut inode);
+                // Still open: freed on the last close, or after a crash at the next
+                // open, from the orphan record this handle makes with the unlink.
+                self.orphan_add(&mut tx, ino, &mut inode)?;
             } else {
                 self.release_inode(&mut tx, ino, &mut inode)?;
             }

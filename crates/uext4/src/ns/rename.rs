@@ -162,7 +162,7 @@ impl Filesystem {
                 }
                 if d_inode.i_links_count == 0 {
                     if self.is_open(d) {
-                        self.orphan_add(d, d_inode);
+                        self.orphan_add(&mut tx, d, d_inode)?;
                     } else {
                         self.release_inode(&mut tx, d, d_inode)?;
                     }
