@@ -274,6 +274,7 @@ pub struct GetfattrArgs {
 pub fn getfattr(a: GetfattrArgs) -> Result<()> {
     for t in &a.targets {
         let fs = Filesystem::open(&t.image, Options::default())?;
+        crate::target::warn_if_in_use(&t.image, &fs);
         let ino = fs.lookup_path(&t.path)?;
         println!("# file: {}", t.shown());
         let mut found = false;

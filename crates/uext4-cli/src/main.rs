@@ -65,6 +65,8 @@ enum Command {
     Mount(cmd_mount::MountArgs),
     /// Unmount a uext4 mount, waiting until everything is written back
     Umount(cmd_mount::UmountArgs),
+    /// Commit everything written through a uext4 mount (sync(2) does not reach FUSE servers)
+    Sync(cmd_mount::SyncArgs),
     /// Show the tunables of a uext4 mount, or change the runtime ones (key=value)
     Tune(cmd_mount::TuneArgs),
     /// Run workloads side by side on uext4, the kernel's ext4 and fuse2fs (`bench list` shows them)
@@ -93,6 +95,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a),
         Command::Mount(a) => cmd_mount::mount(a),
         Command::Umount(a) => cmd_mount::umount(a),
+        Command::Sync(a) => cmd_mount::sync(a),
         Command::Tune(a) => cmd_mount::tune(a),
         Command::Bench(a) => uext4_bench::run(&a).map_err(|e| uext4::Error::Invalid(e.0)),
     };

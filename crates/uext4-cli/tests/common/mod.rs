@@ -69,7 +69,11 @@ impl KernelMount {
 
 impl Drop for KernelMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
+        let done = Command::new("umount").arg(&self.dir).status().is_ok_and(|s| s.success());
+        // A mount left behind would hide the real failure of a later test: say so.
+        if !done && !std::thread::panicking() {
+            panic!("cannot unmount the kernel's mount at {}", self.dir.display());
+        }
     }
 }
 
@@ -117,8 +121,17 @@ impl UextMount {
 
 impl Drop for UextMount {
     fn drop(&mut self) {
-        if self.mounted {
-            let _ = uext4().arg("umount").arg(&self.dir).status();
+        if !self.mounted {
+            return;
+        }
+        let out = uext4().arg("umount").arg(&self.dir).output();
+        if std::thread::panicking() {
+            return;
+        }
+        match out {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!("uext4 umount {} failed: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr)),
+            Err(e) => panic!("cannot run uext4 umount: {e}"),
         }
     }
 }
