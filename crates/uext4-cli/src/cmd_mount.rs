@@ -1,11 +1,14 @@
-//! `uext4 mount`, `uext4 umount` and `uext4 tune`.
+//! `uext4 mount`, `uext4 umount`, `uext4 sync` and `uext4 tune`.
 //!
-//! A mount holds an exclusive flock on the image for as long as its daemon
-//! lives, so a second uext4 mount of the same image is refused, and `umount`
-//! returns only once the daemon has written everything back and let go (the
-//! image is then e2fsck-clean). SIGTERM, SIGINT and SIGHUP unmount the same
-//! way. Without `--foreground` the daemon detaches once the mount is up and
-//! reports errors to syslog; before that, errors reach the terminal.
+//! A mount holds the image's exclusive flock (the library's, see
+//! `uext4::dev`) for as long as its daemon lives, so a second mount and every
+//! writable open of the image are refused. `umount` succeeds only when the
+//! daemon tells it, over an abstract Unix socket named by the image, that it
+//! wrote everything back, and the image then needs no journal recovery; a
+//! daemon that is gone or dies first makes it fail. SIGTERM, SIGINT and SIGHUP
+//! unmount the same way. Without `--foreground` the daemon detaches once the
+//! mount is up and reports errors to syslog; before that, errors reach the
+//! terminal.
 
 use crate::fuse::server::{Allowed, Uext4Fuse};
 use crate::fuse::{SessionConfig, UringMode, TUNABLES_XATTR, TUNE_XATTR};
