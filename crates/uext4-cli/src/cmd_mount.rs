@@ -236,7 +236,15 @@ impl Listeners {
     /// Accepts listeners on the image's socket for as long as the daemon lives.
     fn start(image: &Path) -> Listeners {
         let listeners = Listeners::default();
-        let bound = ending_socket(image).and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
+        // The name is the image's: the daemon of a previous mount of it may be
+        // a moment from exiting (it lets go of the image's lock first).
+        let bind = || ending_socket(image).and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
+        let mut bound = bind();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while bound.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            bound = bind();
+        }
         let socket = match bound {
             Ok(s) => s,
             Err(e) => {
@@ -620,6 +628,15 @@ fn mounted_image(mountpoint: &Path) -> Result<PathBuf> {
     Err(Error::NotFound(format!("{} is not a uext4 mount", mountpoint.display())))
 }
 
+/// Whether the uext4 mount at `mountpoint` is read-only (mountinfo's per-mount options).
+fn mounted_read_only(mountpoint: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = mountpoint.as_os_str().as_bytes();
+    info.lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .any(|f| f.len() > 5 && unescape(f[4]) == want && f[5].split(',').any(|o| o == "ro"))
+}
+
 /// mountinfo escapes space, tab, newline and backslash as \ooo.
 fn unescape(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
@@ -645,6 +662,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let mountpoint =
         a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
     let image = mounted_image(&mountpoint)?;
+    let read_only = mounted_read_only(&mountpoint);
     let daemon = ending_socket(&image).and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
     let Ok(mut daemon) = daemon else {
         // Nobody serves the mount: take the dead mount away, and say what it cost.
@@ -691,11 +709,23 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let fs = Filesystem::open(&image, Options::default())?;
-    if fs.superblock().has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
+    if read_only {
+        // A read-only mount wrote nothing: the image is as it found it.
+        return Ok(());
+    }
+    let sb = Filesystem::open(&image, Options::default())?.superblock();
+    if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
         return Err(Error::Invalid(format!(
             "{} was left needing journal recovery: the daemon did not write everything back",
             image.display()
+        )));
+    }
+    // Once the kernel has let go of every inode, none is open: none may stay an orphan.
+    if sb.s_last_orphan != 0 {
+        return Err(Error::Invalid(format!(
+            "{} was left with inode {} on its orphan list: the daemon did not release every inode; run e2fsck -f",
+            image.display(),
+            sb.s_last_orphan
         )));
     }
     Ok(())

@@ -235,6 +235,27 @@ fn umount_fails_when_the_daemon_dies_before_its_write_back() {
     assert!(!mounted(&dir), "the dead mount stays");
     assert_e2fsck_clean(&image);
 
+    // A crash after `uext4 sync` leaves the image needing recovery: a read-only
+    // mount replays the journal in memory only, changes nothing and unmounts
+    // cleanly; a writable one recovers it.
+    let mut d = Daemon::start(&image, &dir, "commit=600", &[]);
+    make_files("r");
+    run(uext4().arg("sync").arg(&dir));
+    d.kill();
+    assert_eq!(uext4().arg("umount").arg(&dir).output().unwrap().status.code(), Some(1));
+    let before = fs::read(&image).unwrap();
+    let m = UextMount::new(&image, "ro");
+    let seen = fs::read_dir(&m.dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with('r'))
+        .count();
+    assert_eq!(seen, 40, "the read-only mount sees the journal's files");
+    m.unmount();
+    assert!(fs::read(&image).unwrap() == before, "a read-only mount changed the image");
+    UextMount::new(&image, "").unmount();
+    assert_eq!(count("r"), 40);
+    assert_e2fsck_clean(&image);
+
     // A daemon left alone: umount succeeds and every file is in the image.
     let mut d = Daemon::start(&image, &dir, "commit=600", &[]);
     make_files("c");

@@ -91,6 +91,9 @@ pub struct Uext4Fuse {
     log: fn(&str),
     /// Set once a request panicked: changes are refused (EROFS) from then on.
     failed: AtomicBool,
+    /// Inodes the kernel let go of that the library failed to release (each
+    /// may leave the image needing e2fsck): how many, and the first error.
+    release_failures: Mutex<(u64, Option<String>)>,
     /// Where notifications to the kernel go (a descriptor of the session).
     notify: OnceLock<Device>,
     /// Test hook (UEXT4_TEST_PANIC_OPCODE): the first request with this opcode
@@ -181,6 +184,7 @@ impl Uext4Fuse {
             device_requests: AtomicU64::new(0),
             log,
             failed: AtomicBool::new(false),
+            release_failures: Mutex::new((0, None)),
             notify: OnceLock::new(),
             panic_on: std::env::var("UEXT4_TEST_PANIC_OPCODE").ok().and_then(|v| v.parse().ok()),
             panicked_once: AtomicBool::new(false),
@@ -284,9 +288,19 @@ impl Uext4Fuse {
             *n == 0 && lookups.remove(&ino).is_some()
         };
         if last {
-            if let Err(e) = self.fs.close_inode(ino) {
-                self.log(&format!("releasing inode {ino}: {e}"));
-            }
+            self.release(ino);
+        }
+    }
+
+    /// Closes the library's handle on `ino`; a failure is logged and counted,
+    /// and makes the end of the session a failure (see `destroy`).
+    fn release(&self, ino: u32) {
+        if let Err(e) = self.fs.close_inode(ino) {
+            let message = format!("releasing inode {ino}: {e}");
+            self.log(&message);
+            let mut failures = self.release_failures.lock();
+            failures.0 += 1;
+            failures.1.get_or_insert(message);
         }
     }
 
@@ -425,19 +439,25 @@ impl Uext4Fuse {
     }
 
     /// The session is over: let go of every inode the kernel held and write
-    /// everything back.
+    /// everything back. An error if that failed, or if releasing any inode the
+    /// kernel let go of failed during the session.
     pub fn destroy(&self) -> uext4::Result<()> {
         let held: Vec<u32> = self.lookups.lock().drain().map(|(ino, _)| ino).collect();
         for ino in held {
-            if let Err(e) = self.fs.close_inode(ino) {
-                self.log(&format!("releasing inode {ino} at unmount: {e}"));
-            }
+            self.release(ino);
         }
         // Test hook: a write-back slow enough for a test to kill the daemon in it.
         if let Some(ms) = std::env::var("UEXT4_TEST_STALL_WRITEBACK_MS").ok().and_then(|v| v.parse().ok()) {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
-        self.fs.sync()
+        self.fs.sync()?;
+        match &*self.release_failures.lock() {
+            (0, _) => Ok(()),
+            (n, first) => Err(uext4::Error::Invalid(format!(
+                "{n} inode(s) could not be released (first: {}); the image needs e2fsck -f",
+                first.as_deref().unwrap_or("?")
+            ))),
+        }
     }
 
     /// Answers one request, writing the reply's payload into `out`.

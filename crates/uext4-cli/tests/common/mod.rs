@@ -69,10 +69,19 @@ impl KernelMount {
 
 impl Drop for KernelMount {
     fn drop(&mut self) {
-        let done = Command::new("umount").arg(&self.dir).status().is_ok_and(|s| s.success());
+        // A child another test thread is starting holds copies of this thread's
+        // descriptors until it execs: "busy" for a moment, so a few tries.
+        let mut out = Command::new("umount").arg(&self.dir).output();
+        for _ in 0..50 {
+            if out.as_ref().is_ok_and(|o| o.status.success()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            out = Command::new("umount").arg(&self.dir).output();
+        }
         // A mount left behind would hide the real failure of a later test: say so.
-        if !done && !std::thread::panicking() {
-            panic!("cannot unmount the kernel's mount at {}", self.dir.display());
+        if !out.as_ref().is_ok_and(|o| o.status.success()) && !std::thread::panicking() {
+            panic!("cannot unmount the kernel's mount at {}: {out:?}", self.dir.display());
         }
     }
 }
