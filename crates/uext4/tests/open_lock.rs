@@ -108,3 +108,60 @@ fn a_kernel_mount_refuses_writers_and_warns_readers() {
     drop(fs);
     oracle::assert_e2fsck_clean(&image);
 }
+
+/// A writable open of a block device is exclusive, as e2fsprogs' is: the kernel
+/// refuses it while the device is mounted in a mount namespace this process
+/// cannot see (so /proc/self/mounts cannot tell).
+#[test]
+fn a_mount_in_another_namespace_refuses_writers_of_its_device() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    mkfs(&image);
+    /// Detached on drop, even when the test fails.
+    struct LoopDevice(String);
+    impl Drop for LoopDevice {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+        }
+    }
+    let attached = LoopDevice(oracle::run(Command::new("losetup").args(["-f", "--show"]).arg(&image)).trim().into());
+    let loop_dev = attached.0.clone();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    // The mount lives in a private namespace for as long as its shell sleeps.
+    let mut holder = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("mount {loop_dev} {} && echo up && exec sleep 30", mnt.display()))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "up", "the namespaced mount did not come up");
+    let visible = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let shown = visible.lines().any(|l| l.split(' ').next() == Some(loop_dev.as_str()));
+    assert!(!shown, "the mount was meant to be invisible here:\n{visible}");
+    let result = Filesystem::open(&loop_dev, rw());
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let why = busy_message(result);
+    assert!(why.contains("held by the kernel"), "{why}");
+    // Once the namespace is gone the device is free.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let fs = loop {
+        match Filesystem::open(&loop_dev, rw()) {
+            Ok(fs) => break fs,
+            Err(Error::Busy(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    fs.mkdir(ROOT_INO, b"after", 0o755, ROOT).unwrap();
+    drop(fs);
+    drop(attached);
+    oracle::assert_e2fsck_clean(&image);
+}

@@ -134,10 +134,27 @@ impl FileDevice {
     }
 
     fn open_as(path: &Path, writable: bool, exclusive: bool) -> Result<FileDevice> {
-        let file =
-            OpenOptions::new().read(true).write(writable).open(path).map_err(|e| {
-                Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
-            })?;
+        // A writable open of a block device is exclusive (O_EXCL), as e2fsprogs'
+        // is: the kernel refuses it while the device is mounted anywhere, even in
+        // a mount namespace /proc/self/mounts does not show.
+        let is_block_device = std::fs::metadata(path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_block_device()
+        });
+        let mut options = OpenOptions::new();
+        options.read(true).write(writable);
+        if writable && is_block_device {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_EXCL);
+        }
+        let file = options.open(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => Error::Busy(format!(
+                "{} is held by the kernel (mounted, perhaps in another mount namespace, or opened \
+                 exclusively); writing to it now would corrupt it",
+                path.display()
+            )),
+            _ => Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display()))),
+        })?;
         let users = in_use::examine(&file, exclusive)?;
         if exclusive && users.locked || writable && users.any() {
             return Err(in_use::busy(path, &users));
