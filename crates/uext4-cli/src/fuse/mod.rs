@@ -170,15 +170,22 @@ pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: 
     for _ in 1..config.threads.max(1) {
         devices.push(dev.clone_session()?);
     }
+    // Requests are contained one by one (`Uext4Fuse::serve`); a panic in a
+    // worker's own code ends that worker, and the others serve on until the
+    // unmount, after which everything is written back all the same.
+    let guarded = |server: &Uext4Fuse, d: &Device| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_device(server, d)))
+            .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")))
+    };
     let result = std::thread::scope(|s| {
         let workers: Vec<_> = devices
             .iter()
             .map(|d| {
                 let server = &*server;
-                s.spawn(move || serve_device(server, d))
+                s.spawn(move || guarded(server, d))
             })
             .collect();
-        let mut result = serve_device(&server, &dev);
+        let mut result = guarded(&server, &dev);
         for w in workers {
             let r = w.join().unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")));
             result = result.and(r);

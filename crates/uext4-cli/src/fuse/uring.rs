@@ -273,7 +273,14 @@ pub fn start(
         .map(|qid| {
             let (server, stop, abort) = (server.clone(), stop.clone(), abort.clone());
             std::thread::Builder::new().name(format!("uext4-ring{qid}")).spawn(move || {
-                if let Err(e) = serve_queue(&server, dev_fd, qid, payload_len, &stop) {
+                // Requests are contained one by one (`Uext4Fuse::serve`); this
+                // catches a panic in the queue's own code, which would otherwise
+                // leave the thread dead and its CPU's callers waiting forever.
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    serve_queue(&server, dev_fd, qid, payload_len, &stop)
+                }))
+                .unwrap_or_else(|_| Err(io::Error::other("the queue's thread panicked")));
+                if let Err(e) = served {
                     server.log(&format!("io_uring queue {qid} stopped: {e}; ending the session"));
                     if !stop.load(Ordering::Relaxed) {
                         abort();
