@@ -180,43 +180,53 @@ pub fn run_tool(cmd: &mut Command) -> Result<String, BenchError> {
 
 struct Uext4Session {
     image: PathBuf,
-    ops: Uext4Ops,
+    /// None only inside `restart`, between closing the image and opening it again.
+    ops: Option<Uext4Ops>,
     /// Counters of the device instances closed by restarts, so figures span the run.
     io_before: uext4::dev::IoStats,
 }
 
 impl Uext4Session {
     fn open(image: &Path) -> Result<Uext4Session, BenchError> {
-        let fs = uext4::Filesystem::open(image, uext4::Options { read_only: false, ..Default::default() })
-            .map_err(|e| BenchError(format!("uext4 cannot open {}: {e}", image.display())))?;
         Ok(Uext4Session {
             image: image.to_path_buf(),
-            ops: Uext4Ops { fs: Arc::new(fs) },
+            ops: Some(Self::open_ops(image)?),
             io_before: Default::default(),
         })
+    }
+
+    fn open_ops(image: &Path) -> Result<Uext4Ops, BenchError> {
+        let fs = uext4::Filesystem::open(image, uext4::Options { read_only: false, ..Default::default() })
+            .map_err(|e| BenchError(format!("uext4 cannot open {}: {e}", image.display())))?;
+        Ok(Uext4Ops { fs: Arc::new(fs) })
+    }
+
+    fn live(&self) -> &Uext4Ops {
+        self.ops.as_ref().expect("the uext4 session is open")
     }
 }
 
 impl Session for Uext4Session {
     fn ops(&self) -> &dyn FsOps {
-        &self.ops
+        self.live()
     }
 
     fn io_stats(&self) -> Option<uext4::dev::IoStats> {
-        Some(self.io_before + self.ops.fs.cache().device().stats())
+        Some(self.io_before + self.live().fs.cache().device().stats())
     }
 
     fn restart(&mut self) -> Result<(), BenchError> {
-        self.ops.fs.sync().map_err(|e| BenchError(format!("uext4 sync: {e}")))?;
+        self.live().fs.sync().map_err(|e| BenchError(format!("uext4 sync: {e}")))?;
         let io = self.io_stats().unwrap_or_default();
-        let fresh = Uext4Session::open(&self.image)?;
-        self.ops = fresh.ops;
+        // The old filesystem lets go of the image (and its lock) before the new one opens it.
+        self.ops = None;
+        self.ops = Some(Self::open_ops(&self.image)?);
         self.io_before = io;
         Ok(())
     }
 
     fn finish(self: Box<Self>) -> Result<(), BenchError> {
-        self.ops.fs.sync().map_err(|e| BenchError(format!("uext4 sync: {e}")))
+        self.live().fs.sync().map_err(|e| BenchError(format!("uext4 sync: {e}")))
     }
 }
 

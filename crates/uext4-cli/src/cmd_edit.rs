@@ -494,6 +494,7 @@ pub fn getfattr(a: GetfattrArgs) -> CliResult<()> {
         let context = || format!("getfattr: {}", t.quoted());
         let fs =
             Filesystem::open(&t.image, Options::default()).map_err(|e| Failure::refused(format!("getfattr: {e}")))?;
+        crate::target::warn_if_in_use(&t.image, &fs);
         let ino = resolve(&fs, t).and_then(|r| follow(&fs, t, &r)).context(context)?;
         println!("# file: {}", escape(t.shown().as_bytes()));
         let mut found = false;

@@ -1,11 +1,14 @@
-//! `uext4 mount`, `uext4 umount` and `uext4 tune`.
+//! `uext4 mount`, `uext4 umount`, `uext4 sync` and `uext4 tune`.
 //!
-//! A mount holds an exclusive flock on the image for as long as its daemon
-//! lives, so a second uext4 mount of the same image is refused, and `umount`
-//! returns only once the daemon has written everything back and let go (the
-//! image is then e2fsck-clean). SIGTERM, SIGINT and SIGHUP unmount the same
-//! way. Without `--foreground` the daemon detaches once the mount is up and
-//! reports errors to syslog; before that, errors reach the terminal.
+//! A mount holds the image's exclusive flock (the library's, see
+//! `uext4::dev`) for as long as its daemon lives, so a second mount and every
+//! writable open of the image are refused. `umount` succeeds only when the
+//! daemon tells it, over an abstract Unix socket named by the image, that it
+//! wrote everything back, and the image then needs no journal recovery; a
+//! daemon that is gone or dies first makes it fail. SIGTERM, SIGINT and SIGHUP
+//! unmount the same way. Without `--foreground` the daemon detaches once the
+//! mount is up and reports errors to syslog; before that, errors reach the
+//! terminal.
 
 use crate::fuse::server::{Allowed, Uext4Fuse};
 use crate::fuse::{SessionConfig, UringMode, TUNABLES_XATTR, TUNE_XATTR};
@@ -20,6 +23,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uext4::dev::{BlockDevice, FileDevice};
 use uext4::{Error, Filesystem, Options, Result};
 
 #[derive(Args)]
@@ -52,6 +56,12 @@ pub struct MountArgs {
 
 #[derive(Args)]
 pub struct UmountArgs {
+    /// Where a uext4 image is mounted
+    pub mountpoint: PathBuf,
+}
+
+#[derive(Args)]
+pub struct SyncArgs {
     /// Where a uext4 image is mounted
     pub mountpoint: PathBuf,
 }
@@ -129,14 +139,15 @@ fn io_error(what: String, e: std::io::Error) -> Error {
     Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
-/// The image's mount lock: taken without waiting, or a clear refusal.
-fn lock_image(image: &Path) -> Result<File> {
-    let file = File::open(image).map_err(|e| io_error(format!("cannot open {}", image.display()), e))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(Error::Invalid(format!("{} is already mounted by uext4", image.display())));
+/// Opens the image for a mount: with its exclusive lock (a second mount, and
+/// every writable open, is refused while the mount lives), refused while the
+/// kernel has it mounted unless this mount is read-only.
+fn open_image(image: &Path, read_only: bool) -> Result<FileDevice> {
+    let dev = FileDevice::open_locked(image, !read_only)?;
+    if let Some(who) = dev.in_use() {
+        eprintln!("uext4: warning: {} is in use by {who}; this read-only mount may see it change", image.display());
     }
-    Ok(file)
+    Ok(dev)
 }
 
 pub fn mount(a: MountArgs) -> Result<()> {
@@ -150,9 +161,9 @@ pub fn mount(a: MountArgs) -> Result<()> {
     if !Path::new("/dev/fuse").exists() {
         return Err(Error::unsupported("FUSE (/dev/fuse is missing; load the fuse module)"));
     }
-    let lock = lock_image(&image)?;
+    let dev = open_image(&image, config.opts.read_only)?;
     if a.foreground {
-        return serve(&image, &mountpoint, config, &mut None).map(|()| drop(lock));
+        return serve(&image, dev, &mountpoint, config, &mut None);
     }
     // Detach: the child mounts and serves; the parent waits to hear whether the
     // mount came up, so that errors still reach the terminal.
@@ -173,14 +184,13 @@ pub fn mount(a: MountArgs) -> Result<()> {
             });
             // SAFETY: setsid in the fresh child.
             unsafe { libc::setsid() };
-            let result = serve(&image, &mountpoint, config, &mut status);
+            let result = serve(&image, dev, &mountpoint, config, &mut status);
             if let Err(e) = &result {
                 match status.as_mut() {
                     Some(told) => drop(writeln!(told, "{e}")),
                     None => report(&e.to_string()),
                 }
             }
-            drop(lock);
             std::process::exit(i32::from(result.is_err()));
         }
         _ => {
@@ -192,9 +202,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
             let mut said = String::new();
             let _ = status.read_to_string(&mut said);
             let said = said.trim();
+            // The lock stays with the child: it shares this open file, and
+            // closing our descriptor of it releases nothing.
+            drop(dev);
             if said.starts_with("mounted") {
-                // The lock stays with the child (it shares this open file).
-                std::mem::forget(lock);
                 return Ok(());
             }
             Err(Error::Invalid(if said.is_empty() {
@@ -206,9 +217,79 @@ pub fn mount(a: MountArgs) -> Result<()> {
     }
 }
 
-/// Mounts and serves until unmounted; `status` hears "mounted" once it is up.
-fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Option<File>) -> Result<()> {
-    // Termination signals are taken by one thread (below); every thread started
+/// The abstract Unix socket on which the daemon serving an image tells
+/// `uext4 umount` how it ended, named by the image's device and inode.
+fn ending_socket(image: &Path) -> std::io::Result<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(image)?;
+    std::os::unix::net::SocketAddr::from_abstract_name(format!("uext4-daemon-{}-{}", meta.dev(), meta.ino()))
+}
+
+/// Those waiting to hear how the daemon ended: `umount` connects before it
+/// unmounts, and reads "clean" once everything is written back and the image
+/// let go, "failed: why" if not, and nothing (end of file) if the daemon died.
+#[derive(Clone, Default)]
+struct Listeners(Arc<parking_lot::Mutex<Vec<std::os::unix::net::UnixStream>>>);
+
+impl Listeners {
+    /// Accepts listeners on the image's socket for as long as the daemon lives.
+    fn start(image: &Path) -> Listeners {
+        let listeners = Listeners::default();
+        // The name is the image's: the daemon of a previous mount of it may be
+        // a moment from exiting (it lets go of the image's lock first).
+        let bind = || ending_socket(image).and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
+        let mut bound = bind();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while bound.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            bound = bind();
+        }
+        let socket = match bound {
+            Ok(s) => s,
+            Err(e) => {
+                report(&format!("umount will not hear how this mount ends: {e}"));
+                return listeners;
+            }
+        };
+        let list = listeners.clone();
+        let spawned = std::thread::Builder::new().name("uext4-ending".into()).spawn(move || {
+            for stream in socket.incoming().flatten() {
+                let mut waiting = list.0.lock();
+                // Anyone may connect: a bound on what they can make us hold.
+                if waiting.len() >= 64 {
+                    waiting.remove(0);
+                }
+                waiting.push(stream);
+            }
+        });
+        if let Err(e) = spawned {
+            report(&format!("umount will not hear how this mount ends: {e}"));
+        }
+        listeners
+    }
+
+    fn tell(&self, ended: &Result<()>) {
+        let text = match ended {
+            Ok(()) => "clean\n".to_string(),
+            Err(e) => format!("failed: {e}\n"),
+        };
+        for mut stream in self.0.lock().drain(..) {
+            let _ = stream.write_all(text.as_bytes());
+        }
+    }
+}
+
+/// Mounts and serves until unmounted; `status` hears "mounted" once it is up,
+/// and `uext4 umount` how it ended.
+fn serve(
+    image: &Path,
+    dev: FileDevice,
+    mountpoint: &Path,
+    config: MountConfig,
+    status: &mut Option<File>,
+) -> Result<()> {
+    // Termination signals are taken by one thread (see serve_session); every thread started
     // from here on inherits the mask.
     // SAFETY: sigset operations on a local set.
     let signals = unsafe {
@@ -220,8 +301,25 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     };
+    // A panic is contained where it happens (see the server); this only makes
+    // sure its message and place reach the log once detached.
+    std::panic::set_hook(Box::new(|info| report(&format!("panic: {info}"))));
+    let listeners = Listeners::start(image);
+    let ended = serve_session(image, dev, mountpoint, config, status, signals);
+    listeners.tell(&ended);
+    ended
+}
+
+fn serve_session(
+    image: &Path,
+    dev: FileDevice,
+    mountpoint: &Path,
+    config: MountConfig,
+    status: &mut Option<File>,
+    signals: libc::sigset_t,
+) -> Result<()> {
     let read_only = config.opts.read_only;
-    let fs = Arc::new(Filesystem::open(image, config.opts)?);
+    let fs = Arc::new(Filesystem::open_device(Arc::new(dev), config.opts)?);
     if !read_only && fs.is_read_only() {
         return Err(Error::ReadOnly(format!(
             "{} can only be mounted read-only: {}",
@@ -250,7 +348,7 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
         abort: Arc::new(move || abort_connection(&abort_target)),
     };
     let signal_target = target.clone();
-    let served = crate::fuse::run(server, dev, &session, || {
+    let served = crate::fuse::run(server.clone(), dev, &session, || {
         raise_readahead(&target);
         if let Some(mut told) = status.take() {
             let _ = writeln!(told, "mounted");
@@ -274,9 +372,18 @@ fn serve(image: &Path, mountpoint: &Path, config: MountConfig, status: &mut Opti
         let _ = unmount(mountpoint, true);
         return Err(io_error("FUSE session".into(), e));
     }
+    let panicked = server.has_failed();
+    drop(server);
     // The session wrote everything back when it ended (destroy); this is the last
     // reference, and its close finds nothing left to do.
     drop(fs);
+    if panicked {
+        return Err(Error::Invalid(format!(
+            "a request panicked while {} was mounted (see the log): what it was doing may be half done; \
+             check the image with e2fsck -f",
+            image.display()
+        )));
+    }
     Ok(())
 }
 
@@ -521,6 +628,15 @@ fn mounted_image(mountpoint: &Path) -> Result<PathBuf> {
     Err(Error::NotFound(format!("{} is not a uext4 mount", mountpoint.display())))
 }
 
+/// Whether the uext4 mount at `mountpoint` is read-only (mountinfo's per-mount options).
+fn mounted_read_only(mountpoint: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let want = mountpoint.as_os_str().as_bytes();
+    info.lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .any(|f| f.len() > 5 && unescape(f[4]) == want && f[5].split(',').any(|o| o == "ro"))
+}
+
 /// mountinfo escapes space, tab, newline and backslash as \ooo.
 fn unescape(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
@@ -538,24 +654,98 @@ fn unescape(field: &str) -> Vec<u8> {
     out
 }
 
+/// Unmounts, then waits for the daemon to say it wrote everything back and let
+/// go of the image, and checks the image needs no journal recovery: success
+/// means every change made through the mount is in the image. A daemon that
+/// is gone, dies before it is done, or fails to write back makes this fail.
 pub fn umount(a: UmountArgs) -> Result<()> {
     let mountpoint =
         a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
     let image = mounted_image(&mountpoint)?;
+    let read_only = mounted_read_only(&mountpoint);
+    let daemon = ending_socket(&image).and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
+    let Ok(mut daemon) = daemon else {
+        // Nobody serves the mount: take the dead mount away, and say what it cost.
+        let _ = unmount(&mountpoint, true);
+        return Err(Error::Invalid(format!(
+            "no uext4 daemon serves {} any more (killed or crashed?): changes it had not committed to the \
+             journal are lost; the next writable open of {} replays the journal",
+            mountpoint.display(),
+            image.display()
+        )));
+    };
     unmount(&mountpoint, false)?;
-    // The daemon holds the image's lock until it has written everything back.
-    let file = File::open(&image).map_err(|e| io_error(format!("cannot open {}", image.display()), e))?;
     let started = Instant::now();
-    let mut told = false;
+    let mut ending = String::new();
+    let waited = Arc::new(AtomicBool::new(false));
+    let notice = {
+        let (waited, image) = (waited.clone(), image.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(2));
+            if !waited.load(Ordering::Relaxed) {
+                eprintln!("uext4: waiting for the daemon to finish writing {} back", image.display());
+            }
+        })
+    };
+    let heard = daemon.read_to_string(&mut ending);
+    waited.store(true, Ordering::Relaxed);
+    drop(notice);
+    let ending = ending.trim();
+    if heard.is_err() || ending.is_empty() {
+        return Err(Error::Invalid(format!(
+            "the uext4 daemon serving {} ended before it had written everything back (killed or crashed?) \
+             after {:.1}s: changes it had not committed to the journal are lost; the next writable open \
+             replays the journal",
+            image.display(),
+            started.elapsed().as_secs_f64()
+        )));
+    }
+    if let Some(why) = ending.strip_prefix("failed: ") {
+        return Err(Error::Invalid(format!("the uext4 daemon serving {} failed: {why}", image.display())));
+    }
+    // The daemon holds the image's lock until its process ends.
+    let file = File::open(&image).map_err(|e| io_error(format!("cannot open {}", image.display()), e))?;
     // SAFETY: flock on a descriptor we own.
-    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        if !told && started.elapsed() > Duration::from_secs(2) {
-            eprintln!("uext4: waiting for the daemon to finish writing {} back", image.display());
-            told = true;
-        }
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
         std::thread::sleep(Duration::from_millis(10));
     }
+    if read_only {
+        // A read-only mount wrote nothing: the image is as it found it.
+        return Ok(());
+    }
+    let sb = Filesystem::open(&image, Options::default())?.superblock();
+    if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
+        return Err(Error::Invalid(format!(
+            "{} was left needing journal recovery: the daemon did not write everything back",
+            image.display()
+        )));
+    }
+    // Once the kernel has let go of every inode, none is open: none may stay an orphan.
+    if sb.s_last_orphan != 0 {
+        return Err(Error::Invalid(format!(
+            "{} was left with inode {} on its orphan list: the daemon did not release every inode; run e2fsck -f",
+            image.display(),
+            sb.s_last_orphan
+        )));
+    }
     Ok(())
+}
+
+/// Makes everything written through the mount durable: once this returns, a
+/// crash of the daemon (or of the machine) loses none of it. sync(2) and
+/// syncfs(2) cannot promise that on a FUSE mount: Linux (up to at least 6.18)
+/// sends FUSE_SYNCFS to virtiofs servers only, so a /dev/fuse server never
+/// hears of them. An fsync of the mount's root reaches the daemon, and commits
+/// the running transaction, which holds every change made so far.
+pub fn sync(a: SyncArgs) -> Result<()> {
+    let mountpoint =
+        a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
+    mounted_image(&mountpoint)?;
+    let root = File::open(&mountpoint).map_err(|e| io_error(format!("cannot open {}", mountpoint.display()), e))?;
+    // On a kernel that sends FUSE_SYNCFS this alone would do; elsewhere it is harmless.
+    // SAFETY: syncfs on a descriptor we own.
+    unsafe { libc::syncfs(root.as_raw_fd()) };
+    root.sync_all().map_err(|e| io_error(format!("committing {}", mountpoint.display()), e))
 }
 
 pub fn tune(a: TuneArgs) -> Result<()> {

@@ -67,6 +67,8 @@ enum Command {
     Mount(cmd_mount::MountArgs),
     /// Unmount a uext4 mount, waiting until everything is written back
     Umount(cmd_mount::UmountArgs),
+    /// Commit everything written through a uext4 mount (sync(2) does not reach FUSE servers)
+    Sync(cmd_mount::SyncArgs),
     /// Show the tunables of a uext4 mount, or change the runtime ones (key=value)
     Tune(cmd_mount::TuneArgs),
     /// Run workloads side by side on uext4, the kernel's ext4 and fuse2fs (`bench list` shows them)
@@ -95,6 +97,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run(a).map_err(Into::into),
         Command::Mount(a) => cmd_mount::mount(a).map_err(Into::into),
         Command::Umount(a) => cmd_mount::umount(a).map_err(Into::into),
+        Command::Sync(a) => cmd_mount::sync(a).map_err(Into::into),
         Command::Tune(a) => cmd_mount::tune(a).map_err(Into::into),
         Command::Bench(a) => uext4_bench::run(&a).map_err(|e| show::Failure::from(uext4::Error::Invalid(e.0))),
     };

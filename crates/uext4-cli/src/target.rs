@@ -159,8 +159,10 @@ impl Default for OpenArgs {
     }
 }
 
+/// Opens an image read-only; one that a mount holds is read all the same, with a
+/// warning on stderr (what is read may be stale or caught half-changed).
 pub fn open_ro(image: &std::path::Path, args: &OpenArgs) -> Result<Filesystem> {
-    Filesystem::open(
+    let fs = Filesystem::open(
         image,
         Options {
             read_only: true,
@@ -168,7 +170,15 @@ pub fn open_ro(image: &std::path::Path, args: &OpenArgs) -> Result<Filesystem> {
             cache_mb: args.cache_mb,
             ..Options::default()
         },
-    )
+    )?;
+    warn_if_in_use(image, &fs);
+    Ok(fs)
+}
+
+pub fn warn_if_in_use(image: &std::path::Path, fs: &Filesystem) {
+    if let Some(who) = fs.in_use() {
+        eprintln!("uext4: warning: {} is in use by {who}; what is read may be stale", image.display());
+    }
 }
 
 /// The inode `t` names with a final symlink followed, as cat, chmod, chown,

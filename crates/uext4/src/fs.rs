@@ -158,7 +158,10 @@ fn check_device_size(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
 }
 
 impl Filesystem {
-    /// Opens an image file or block device.
+    /// Opens an image file or block device. A writable open holds the image's
+    /// exclusive lock until the filesystem is dropped, and is refused
+    /// (`Error::Busy`) while the kernel or another uext4 process holds the image;
+    /// a read-only open is not, and `in_use` says who else held it.
     pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Filesystem> {
         let dev = FileDevice::open(path.as_ref(), !opts.read_only)?;
         Self::open_device(Arc::new(dev), opts)
@@ -422,6 +425,12 @@ impl Filesystem {
 
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// Who else held the image when it was opened read-only (a uext4 mount, the
+    /// kernel): what is read may be stale or caught half-changed.
+    pub fn in_use(&self) -> Option<String> {
+        self.cache.device().in_use()
     }
 
     pub fn read_only_reason(&self) -> &str {

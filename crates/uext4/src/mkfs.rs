@@ -424,6 +424,8 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         m.file_type().is_block_device()
     });
     let fresh = !matches!(is_block_device, Ok(true));
+    // Before the truncation below destroys what a mount is using.
+    crate::dev::check_unused(path)?;
     if fresh {
         // Truncating to zero and extending gives an all-zero sparse file.
         let f =

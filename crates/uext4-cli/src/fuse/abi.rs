@@ -59,6 +59,11 @@ pub const FUSE_FALLOCATE: u32 = 43;
 pub const FUSE_READDIRPLUS: u32 = 44;
 pub const FUSE_RENAME2: u32 = 45;
 pub const FUSE_LSEEK: u32 = 46;
+/// sync(2)/syncfs(2) on the mount (protocol 7.34); see the server for which kernels send it.
+pub const FUSE_SYNCFS: u32 = 50;
+
+/// Notifications (a reply with unique 0 and this code in `error`): drop cached attributes.
+pub const FUSE_NOTIFY_INVAL_INODE: i32 = 2;
 
 // fuse_init_in/out flags (the upper 32 bits travel in flags2).
 pub const FUSE_ASYNC_READ: u64 = 1 << 0;
@@ -102,6 +107,8 @@ pub struct InHeader {
     pub nodeid: u64,
     pub uid: u32,
     pub gid: u32,
+    /// The caller's process (0 for what the kernel sends on its own account).
+    pub pid: u32,
 }
 
 impl InHeader {
@@ -113,6 +120,7 @@ impl InHeader {
             nodeid: u64_at(b, 16),
             uid: u32_at(b, 24),
             gid: u32_at(b, 28),
+            pid: u32_at(b, 32),
         })
     }
 }
@@ -237,6 +245,8 @@ pub enum Op<'a> {
         offset: u64,
         whence: u32,
     },
+    /// sync(2) or syncfs(2) of the whole mount.
+    Syncfs,
     /// An operation this server does not implement (answered ENOSYS).
     Other,
 }
@@ -252,6 +262,7 @@ pub fn fixed_args_len(opcode: u32) -> usize {
         FUSE_SETXATTR => 8,
         FUSE_RELEASE | FUSE_RELEASEDIR | FUSE_FLUSH | FUSE_LSEEK => 24,
         FUSE_FALLOCATE => 32,
+        FUSE_SYNCFS => 8,
         FUSE_READ | FUSE_WRITE | FUSE_READDIR | FUSE_READDIRPLUS => 40,
         FUSE_SETATTR => 88,
         _ => 0,
@@ -338,6 +349,7 @@ impl<'a> Op<'a> {
                 Op::Write { offset: u64_at(f, 8), write_flags: u32_at(f, 20), data }
             }
             FUSE_STATFS => Op::Statfs,
+            FUSE_SYNCFS => Op::Syncfs,
             FUSE_RELEASE => Op::Release,
             FUSE_FLUSH => Op::Flush,
             FUSE_FSYNC => Op::Fsync,
@@ -378,6 +390,16 @@ pub fn put_out_header(b: &mut [u8], len: u32, error: i32, unique: u64) {
     b[0..4].copy_from_slice(&len.to_ne_bytes());
     b[4..8].copy_from_slice(&error.to_ne_bytes());
     b[8..16].copy_from_slice(&unique.to_ne_bytes());
+}
+
+/// FUSE_NOTIFY_INVAL_INODE for `nodeid`, as written to /dev/fuse: the kernel
+/// drops the inode's cached attributes (offset -1: and no cached pages).
+pub fn inval_inode_notification(nodeid: u64) -> [u8; OUT_HEADER_LEN + 24] {
+    let mut b = [0u8; OUT_HEADER_LEN + 24];
+    put_out_header(&mut b, (OUT_HEADER_LEN + 24) as u32, FUSE_NOTIFY_INVAL_INODE, 0);
+    b[OUT_HEADER_LEN..OUT_HEADER_LEN + 8].copy_from_slice(&nodeid.to_ne_bytes());
+    b[OUT_HEADER_LEN + 8..OUT_HEADER_LEN + 16].copy_from_slice(&(-1i64).to_ne_bytes());
+    b
 }
 
 /// `struct fuse_attr` (88 bytes), the attributes every entry and attr reply carries.

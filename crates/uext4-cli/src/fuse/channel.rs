@@ -30,6 +30,11 @@ impl Device {
         self.fd.as_raw_fd()
     }
 
+    /// Another descriptor of the same open device (dup), for notifications.
+    pub fn duplicate(&self) -> io::Result<Device> {
+        Ok(Device { fd: self.fd.try_clone()? })
+    }
+
     /// A second descriptor on the same session, for another worker thread.
     pub fn clone_session(&self) -> io::Result<Device> {
         // SAFETY: opening a path with flags; the result is checked.

@@ -138,7 +138,7 @@ fn serve_device(server: &Uext4Fuse, dev: &Device) -> io::Result<()> {
         let (fixed, rest) = body.split_at(split);
         let mut payload = Payload::new(&mut out[abi::OUT_HEADER_LEN..]);
         let answer = match Op::parse(h.opcode, fixed, rest) {
-            Ok(op) => server.handle(&h, op, &mut payload),
+            Ok(op) => server.serve(&h, op, &mut payload),
             Err(e) => {
                 server.log(&format!("malformed request (opcode {}): {}", h.opcode, e.0));
                 Some(libc::EINVAL)
@@ -153,10 +153,11 @@ fn serve_device(server: &Uext4Fuse, dev: &Device) -> io::Result<()> {
 
 /// Runs the session on `dev` (a /dev/fuse descriptor mounted by the caller):
 /// `ready` is called once the handshake is done. Returns when unmounted, after
-/// everything is written back.
+/// everything is written back: an error if the session or the write-back failed.
 pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: impl FnOnce()) -> io::Result<()> {
     let dev = Device::new(dev);
     let use_uring = handshake(&dev, config.uring)?;
+    server.set_notifier(dev.duplicate()?);
     let stop = Arc::new(AtomicBool::new(false));
     let rings = if use_uring {
         let payload_len = MAX_WRITE as usize;
@@ -169,15 +170,22 @@ pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: 
     for _ in 1..config.threads.max(1) {
         devices.push(dev.clone_session()?);
     }
+    // Requests are contained one by one (`Uext4Fuse::serve`); a panic in a
+    // worker's own code ends that worker, and the others serve on until the
+    // unmount, after which everything is written back all the same.
+    let guarded = |server: &Uext4Fuse, d: &Device| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_device(server, d)))
+            .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")))
+    };
     let result = std::thread::scope(|s| {
         let workers: Vec<_> = devices
             .iter()
             .map(|d| {
                 let server = &*server;
-                s.spawn(move || serve_device(server, d))
+                s.spawn(move || guarded(server, d))
             })
             .collect();
-        let mut result = serve_device(&server, &dev);
+        let mut result = guarded(&server, &dev);
         for w in workers {
             let r = w.join().unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")));
             result = result.and(r);
@@ -188,6 +196,7 @@ pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: 
     for r in rings {
         let _ = r.join();
     }
-    server.destroy();
-    result
+    let written = server.destroy();
+    result?;
+    written.map_err(|e| io::Error::other(format!("writing back at unmount failed: {e}")))
 }

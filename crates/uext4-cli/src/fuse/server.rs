@@ -16,15 +16,22 @@
 //! server (FUSE_HANDLE_KILLPRIV_V2), which saves it a getxattr of
 //! security.capability before every write.
 //!
+//! A request that panics is contained (`serve`): its caller gets EIO, the
+//! panic is logged with the opcode and node, and from then on every request
+//! that would change the image gets EROFS — the library's state may be half
+//! changed, so nothing more is built on it; reads and the unmount still work.
+//!
 //! Runtime tuning uses two virtual xattrs of the mount's root, which never reach
 //! the image: reading `trusted.uext4.tunables` lists every tunable, writing
 //! `key=value` to `trusted.uext4.tune` changes a runtime one.
 
 use super::abi::{self, Attr, InHeader, Op, Payload, SetattrIn};
+use super::channel::Device;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use uext4::format::inode::Timestamp;
 use uext4::ns::change::now;
 use uext4::{Filesystem, Owner, SetAttr, Stat, ROOT_INO};
@@ -82,6 +89,45 @@ pub struct Uext4Fuse {
     device_requests: AtomicU64,
     /// Errors go here once the session runs (stderr, or syslog when detached).
     log: fn(&str),
+    /// Set once a request panicked: changes are refused (EROFS) from then on.
+    failed: AtomicBool,
+    /// Inodes the kernel let go of that the library failed to release (each
+    /// may leave the image needing e2fsck): how many, and the first error.
+    release_failures: Mutex<(u64, Option<String>)>,
+    /// Where notifications to the kernel go (a descriptor of the session).
+    notify: OnceLock<Device>,
+    /// Test hook (UEXT4_TEST_PANIC_OPCODE): the first request with this opcode
+    /// panics after it has been served.
+    panic_on: Option<u32>,
+    panicked_once: AtomicBool,
+}
+
+/// Whether a request changes the image.
+fn changes(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Setattr(_)
+            | Op::Symlink { .. }
+            | Op::Mknod { .. }
+            | Op::Mkdir { .. }
+            | Op::Unlink { .. }
+            | Op::Rmdir { .. }
+            | Op::Rename { .. }
+            | Op::Link { .. }
+            | Op::Write { .. }
+            | Op::Setxattr { .. }
+            | Op::Removexattr { .. }
+            | Op::Fallocate { .. }
+    )
+}
+
+/// What a caught panic said.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 fn ext_ino(nodeid: u64) -> u32 {
@@ -137,6 +183,62 @@ impl Uext4Fuse {
             ring_requests: AtomicU64::new(0),
             device_requests: AtomicU64::new(0),
             log,
+            failed: AtomicBool::new(false),
+            release_failures: Mutex::new((0, None)),
+            notify: OnceLock::new(),
+            panic_on: std::env::var("UEXT4_TEST_PANIC_OPCODE").ok().and_then(|v| v.parse().ok()),
+            panicked_once: AtomicBool::new(false),
+        }
+    }
+
+    /// Gives the server a descriptor of its session for notifications.
+    pub fn set_notifier(&self, dev: Device) {
+        let _ = self.notify.set(dev);
+    }
+
+    /// Tells the kernel to drop what it cached of `ino`'s attributes: after a
+    /// change it cannot see in a reply (privileges dropped by a write).
+    fn invalidate_attributes(&self, ino: u32) {
+        let Some(dev) = self.notify.get() else { return };
+        let note = abi::inval_inode_notification(node_id(ino));
+        if let Err(e) = dev.send(&[IoSlice::new(&note)]) {
+            self.log(&format!("invalidating the attributes of inode {ino}: {e}"));
+        }
+    }
+
+    /// Whether a request panicked in this session (changes are refused since).
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Answers one request as `handle` does, containing a panic: the caller
+    /// gets EIO instead of waiting forever, and the image is changed no more.
+    pub fn serve(&self, h: &InHeader, op: Op, out: &mut Payload) -> Answer {
+        if self.has_failed() && changes(&op) {
+            return Some(libc::EROFS);
+        }
+        let expects_reply = !matches!(op, Op::Forget { .. } | Op::BatchForget { .. } | Op::Interrupt);
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let answer = self.handle(h, op, out);
+            if self.panic_on == Some(h.opcode) && !self.panicked_once.swap(true, Ordering::Relaxed) {
+                panic!("test hook: opcode {} panics after it was served", h.opcode);
+            }
+            answer
+        }));
+        match served {
+            Ok(answer) => answer,
+            Err(payload) => {
+                self.failed.store(true, Ordering::Relaxed);
+                self.log(&format!(
+                    "request {} (opcode {}) on node {} panicked: {}; it gets EIO, and the mount refuses \
+                     changes from now on (EROFS); unmount and run e2fsck",
+                    h.unique,
+                    h.opcode,
+                    h.nodeid,
+                    panic_message(payload.as_ref())
+                ));
+                expects_reply.then_some(libc::EIO)
+            }
         }
     }
 
@@ -186,9 +288,19 @@ impl Uext4Fuse {
             *n == 0 && lookups.remove(&ino).is_some()
         };
         if last {
-            if let Err(e) = self.fs.close_inode(ino) {
-                self.log(&format!("releasing inode {ino}: {e}"));
-            }
+            self.release(ino);
+        }
+    }
+
+    /// Closes the library's handle on `ino`; a failure is logged and counted,
+    /// and makes the end of the session a failure (see `destroy`).
+    fn release(&self, ino: u32) {
+        if let Err(e) = self.fs.close_inode(ino) {
+            let message = format!("releasing inode {ino}: {e}");
+            self.log(&message);
+            let mut failures = self.release_failures.lock();
+            failures.0 += 1;
+            failures.1.get_or_insert(message);
         }
     }
 
@@ -224,18 +336,38 @@ impl Uext4Fuse {
         Ok((Owner { uid: h.uid, gid }, perm))
     }
 
-    /// Clears setuid, and setgid where it means "set group ID" (group-executable),
-    /// and drops file capabilities: what the kernel does on a write, truncate or
-    /// chown by someone without CAP_FSETID.
-    fn kill_privileges(&self, ino: u32, st: &Stat, attr: &mut SetAttr) -> uext4::Result<()> {
-        if st.file_type != uext4::FileType::Regular {
+    /// Whether the caller of `h` is root (taken for CAP_FSETID) or a member of
+    /// group `gid`: its own group or a supplementary one (from /proc, as the
+    /// request carries only the caller's pid).
+    fn in_group_or_root(h: &InHeader, gid: u32) -> bool {
+        if h.uid == 0 || h.gid == gid {
+            return true;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", h.pid)) else { return false };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
+    }
+
+    /// Drops setuid, and setgid where the kernel drops it, and file
+    /// capabilities, as the kernel's VFS does (setattr_should_drop_suidgid and
+    /// chown_common in fs/attr.c and fs/open.c): a write, truncate or fallocate
+    /// by a caller without CAP_FSETID does so on regular files (`chown` false);
+    /// a chown, by anyone, on every kind but directories. setuid always goes;
+    /// setgid when it means "set group ID" (group-executable), or when the
+    /// caller is not in the file's group.
+    fn kill_privileges(&self, h: &InHeader, ino: u32, st: &Stat, chown: bool, attr: &mut SetAttr) -> uext4::Result<()> {
+        let applies =
+            if chown { st.file_type != uext4::FileType::Directory } else { st.file_type == uext4::FileType::Regular };
+        if !applies {
             return Ok(());
         }
+        let perm = attr.perm.unwrap_or(st.perm);
         let mut kill = S_ISUID;
-        if st.perm & S_IXGRP != 0 {
+        if perm & S_IXGRP != 0 || !Self::in_group_or_root(h, st.gid) {
             kill |= S_ISGID;
         }
-        let perm = attr.perm.unwrap_or(st.perm);
         if perm & kill != 0 {
             attr.perm = Some(perm & !kill);
         }
@@ -243,6 +375,20 @@ impl Uext4Fuse {
             Ok(()) | Err(uext4::Error::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// A write or fallocate by a caller without CAP_FSETID drops privileges
+    /// first; the reply carries no attributes, so the kernel is told to forget
+    /// the mode it cached.
+    fn kill_privileges_before_write(&self, h: &InHeader, ino: u32) -> uext4::Result<()> {
+        let st = self.fs.stat(ino)?;
+        let mut attr = SetAttr::default();
+        self.kill_privileges(h, ino, &st, false, &mut attr)?;
+        if attr.perm.is_some() {
+            self.fs.setattr(ino, &attr)?;
+            self.invalidate_attributes(ino);
+        }
+        Ok(())
     }
 
     fn listing(&self, ino: u32) -> uext4::Result<Vec<Entry>> {
@@ -257,7 +403,7 @@ impl Uext4Fuse {
     /// relatime, as the kernel's ext4 mounts by default: a read (or a listing)
     /// moves atime only when it is not newer than mtime or ctime, or is a day old.
     fn touch_atime(&self, ino: u32) {
-        if self.fs.is_read_only() {
+        if self.fs.is_read_only() || self.has_failed() {
             return;
         }
         let Ok(st) = self.fs.stat(ino) else { return };
@@ -293,21 +439,29 @@ impl Uext4Fuse {
     }
 
     /// The session is over: let go of every inode the kernel held and write
-    /// everything back.
-    pub fn destroy(&self) {
+    /// everything back. An error if that failed, or if releasing any inode the
+    /// kernel let go of failed during the session.
+    pub fn destroy(&self) -> uext4::Result<()> {
         let held: Vec<u32> = self.lookups.lock().drain().map(|(ino, _)| ino).collect();
         for ino in held {
-            if let Err(e) = self.fs.close_inode(ino) {
-                self.log(&format!("releasing inode {ino} at unmount: {e}"));
-            }
+            self.release(ino);
         }
-        if let Err(e) = self.fs.sync() {
-            self.log(&format!("writing back at unmount failed: {e}"));
+        // Test hook: a write-back slow enough for a test to kill the daemon in it.
+        if let Some(ms) = std::env::var("UEXT4_TEST_STALL_WRITEBACK_MS").ok().and_then(|v| v.parse().ok()) {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        self.fs.sync()?;
+        match &*self.release_failures.lock() {
+            (0, _) => Ok(()),
+            (n, first) => Err(uext4::Error::Invalid(format!(
+                "{n} inode(s) could not be released (first: {}); the image needs e2fsck -f",
+                first.as_deref().unwrap_or("?")
+            ))),
         }
     }
 
     /// Answers one request, writing the reply's payload into `out`.
-    pub fn handle(&self, h: &InHeader, op: Op, out: &mut Payload) -> Answer {
+    fn handle(&self, h: &InHeader, op: Op, out: &mut Payload) -> Answer {
         let ino = ext_ino(h.nodeid);
         if let Allowed::RootAndOwner(owner) = self.allowed {
             // What the kernel sends on its own account (readahead, writeback,
@@ -417,15 +571,7 @@ impl Uext4Fuse {
             }
             Op::Write { offset, write_flags, data } => {
                 if write_flags & abi::FUSE_WRITE_KILL_SUIDGID != 0 {
-                    let killed = self.fs.stat(ino).and_then(|st| {
-                        let mut attr = SetAttr::default();
-                        self.kill_privileges(ino, &st, &mut attr)?;
-                        if attr.perm.is_some() {
-                            self.fs.setattr(ino, &attr)?;
-                        }
-                        Ok(())
-                    });
-                    if let Err(e) = killed {
+                    if let Err(e) = self.kill_privileges_before_write(h, ino) {
                         return Some(errno(&e));
                     }
                 }
@@ -454,6 +600,11 @@ impl Uext4Fuse {
             // tells the kernel so once, and it stops sending a flush on every close.
             Op::Flush => Some(libc::ENOSYS),
             Op::Fsync | Op::Fsyncdir => Self::done(self.fs.fsync(ino)),
+            // sync(2)/syncfs(2): everything so far becomes durable, as with an
+            // fsync (both commit the running transaction, which holds every
+            // change). Linux up to at least 6.18 sends this to virtiofs only,
+            // so `uext4 sync` fsyncs the mount's root instead.
+            Op::Syncfs => Self::done(self.fs.commit()),
             Op::Setxattr { flags, name, value } => self.setxattr(ino, flags, name, value),
             Op::Getxattr { size, name } => {
                 let value = if name == TUNABLES_XATTR.as_bytes() && ino == ROOT_INO {
@@ -500,7 +651,17 @@ impl Uext4Fuse {
             // Permission checks are the kernel's (default_permissions); this only
             // answers whether the inode exists.
             Op::Access => Self::done(self.fs.stat(ino).map(|_| ())),
-            Op::Fallocate { offset, length, mode } => Self::done(self.fs.fallocate(ino, offset, length, mode)),
+            Op::Fallocate { offset, length, mode } => {
+                // The kernel's ext4 drops privileges in fallocate (file_modified),
+                // but FUSE leaves it to the server and sends no flag for it: the
+                // caller's uid stands in for CAP_FSETID.
+                if h.uid != 0 {
+                    if let Err(e) = self.kill_privileges_before_write(h, ino) {
+                        return Some(errno(&e));
+                    }
+                }
+                Self::done(self.fs.fallocate(ino, offset, length, mode))
+            }
             Op::Lseek { offset, whence } => {
                 let data = match whence as i32 {
                     libc::SEEK_DATA => true,
@@ -539,11 +700,12 @@ impl Uext4Fuse {
             mtime: time(abi::FATTR_MTIME, abi::FATTR_MTIME_NOW, s.mtime),
             ctime: (s.valid & abi::FATTR_CTIME != 0).then_some(timestamp_of(s.ctime.0, s.ctime.1)),
         };
-        // A chown by anyone but root, or a truncate by someone without
-        // CAP_FSETID, drops setuid and setgid, as the kernel's ext4 does.
+        // The kernel asks (FATTR_KILL_SUIDGID) on a chown of anything but a
+        // directory, by anyone, and on a truncate by a caller without
+        // CAP_FSETID. A chmod in the same request sets the mode outright.
         let chown = attr.uid.is_some() || attr.gid.is_some();
-        if s.valid & FATTR_KILL_SUIDGID != 0 || (chown && attr.perm.is_none() && h.uid != 0) {
-            let killed = self.fs.stat(ino).and_then(|st| self.kill_privileges(ino, &st, &mut attr));
+        if s.valid & FATTR_KILL_SUIDGID != 0 && attr.perm.is_none() {
+            let killed = self.fs.stat(ino).and_then(|st| self.kill_privileges(h, ino, &st, chown, &mut attr));
             if let Err(e) = killed {
                 return Some(errno(&e));
             }

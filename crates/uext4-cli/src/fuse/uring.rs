@@ -236,7 +236,7 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
         // The data stays where the kernel put it; the short reply goes aside.
         let mut out = Payload::new(&mut small[..]);
         let error = match Op::parse(h.opcode, fixed, &e.payload[..payload_sz]) {
-            Ok(op) => server.handle(&h, op, &mut out).unwrap_or(0),
+            Ok(op) => server.serve(&h, op, &mut out).unwrap_or(0),
             Err(_) => libc::EINVAL,
         };
         let len = out.len();
@@ -248,7 +248,7 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
         scratch.extend_from_slice(&e.payload[..payload_sz]);
         let mut out = Payload::new(&mut e.payload);
         let error = match Op::parse(h.opcode, fixed, scratch) {
-            Ok(op) => server.handle(&h, op, &mut out).unwrap_or(0),
+            Ok(op) => server.serve(&h, op, &mut out).unwrap_or(0),
             Err(_) => libc::EINVAL,
         };
         (error, out.len())
@@ -273,7 +273,14 @@ pub fn start(
         .map(|qid| {
             let (server, stop, abort) = (server.clone(), stop.clone(), abort.clone());
             std::thread::Builder::new().name(format!("uext4-ring{qid}")).spawn(move || {
-                if let Err(e) = serve_queue(&server, dev_fd, qid, payload_len, &stop) {
+                // Requests are contained one by one (`Uext4Fuse::serve`); this
+                // catches a panic in the queue's own code, which would otherwise
+                // leave the thread dead and its CPU's callers waiting forever.
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    serve_queue(&server, dev_fd, qid, payload_len, &stop)
+                }))
+                .unwrap_or_else(|_| Err(io::Error::other("the queue's thread panicked")));
+                if let Err(e) = served {
                     server.log(&format!("io_uring queue {qid} stopped: {e}; ending the session"));
                     if !stop.load(Ordering::Relaxed) {
                         abort();

@@ -69,7 +69,20 @@ impl KernelMount {
 
 impl Drop for KernelMount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
+        // A child another test thread is starting holds copies of this thread's
+        // descriptors until it execs: "busy" for a moment, so a few tries.
+        let mut out = Command::new("umount").arg(&self.dir).output();
+        for _ in 0..50 {
+            if out.as_ref().is_ok_and(|o| o.status.success()) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            out = Command::new("umount").arg(&self.dir).output();
+        }
+        // A mount left behind would hide the real failure of a later test: say so.
+        if !out.as_ref().is_ok_and(|o| o.status.success()) && !std::thread::panicking() {
+            panic!("cannot unmount the kernel's mount at {}: {out:?}", self.dir.display());
+        }
     }
 }
 
@@ -117,8 +130,17 @@ impl UextMount {
 
 impl Drop for UextMount {
     fn drop(&mut self) {
-        if self.mounted {
-            let _ = uext4().arg("umount").arg(&self.dir).status();
+        if !self.mounted {
+            return;
+        }
+        let out = uext4().arg("umount").arg(&self.dir).output();
+        if std::thread::panicking() {
+            return;
+        }
+        match out {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!("uext4 umount {} failed: {}", self.dir.display(), String::from_utf8_lossy(&out.stderr)),
+            Err(e) => panic!("cannot run uext4 umount: {e}"),
         }
     }
 }

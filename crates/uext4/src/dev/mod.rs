@@ -4,6 +4,12 @@
 //! (positional I/O, no seek state). Every backend counts its I/O so benchmarks can
 //! report it. A read past the end of the device is a `Corrupt` error, because only
 //! a damaged or truncated image points there.
+//!
+//! A writable `FileDevice` holds the image's exclusive lock for its whole life
+//! and refuses an image the kernel or another uext4 process holds (`in_use`).
+
+mod in_use;
+pub use in_use::check_unused;
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -20,6 +26,11 @@ pub trait BlockDevice: Send + Sync {
     /// Size in bytes.
     fn size(&self) -> u64;
     fn stats(&self) -> IoStats;
+    /// Who else held the image when a read-only open found it in use (a uext4
+    /// mount, the kernel): what is read may be stale or half-changed.
+    fn in_use(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Counters of I/O requests and bytes since the device was opened.
@@ -100,25 +111,62 @@ fn check_range(offset: u64, len: usize, size: u64) -> Result<()> {
 
 /// An image file or a block device, accessed with pread/pwrite.
 pub struct FileDevice {
+    /// Holds the exclusive lock when writable (or opened with `open_locked`).
     file: File,
     size: u64,
     writable: bool,
     counters: Counters,
+    others: Option<String>,
 }
 
 impl FileDevice {
+    /// Opens an image: writable, with its exclusive lock, refusing (`Error::Busy`)
+    /// one that the kernel or another uext4 process holds; read-only, with no
+    /// lock, noting who else holds it (`in_use`).
     pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
-        let file =
-            OpenOptions::new().read(true).write(writable).open(path).map_err(|e| {
-                Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display())))
-            })?;
+        Self::open_as(path, writable, writable)
+    }
+
+    /// Opens an image with its exclusive lock even when read-only: a mount, which
+    /// must be the image's only user whether or not it writes.
+    pub fn open_locked(path: &Path, writable: bool) -> Result<FileDevice> {
+        Self::open_as(path, writable, true)
+    }
+
+    fn open_as(path: &Path, writable: bool, exclusive: bool) -> Result<FileDevice> {
+        // A writable open of a block device is exclusive (O_EXCL), as e2fsprogs'
+        // is: the kernel refuses it while the device is mounted anywhere, even in
+        // a mount namespace /proc/self/mounts does not show.
+        let is_block_device = std::fs::metadata(path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_block_device()
+        });
+        let mut options = OpenOptions::new();
+        options.read(true).write(writable);
+        if writable && is_block_device {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_EXCL);
+        }
+        let file = options.open(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) => Error::Busy(format!(
+                "{} is held by the kernel (mounted, perhaps in another mount namespace, or opened \
+                 exclusively); writing to it now would corrupt it",
+                path.display()
+            )),
+            _ => Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display()))),
+        })?;
+        let users = in_use::examine(&file, exclusive)?;
+        if exclusive && users.locked || writable && users.any() {
+            return Err(in_use::busy(path, &users));
+        }
+        let others = users.any().then(|| users.describe());
         // A block device reports size 0 in its metadata; seeking to the end works for both.
         let size = {
             use std::io::{Seek, SeekFrom};
             let mut f = &file;
             f.seek(SeekFrom::End(0))?
         };
-        Ok(FileDevice { file, size, writable, counters: Counters::default() })
+        Ok(FileDevice { file, size, writable, counters: Counters::default(), others })
     }
 }
 
@@ -154,6 +202,10 @@ impl BlockDevice for FileDevice {
 
     fn stats(&self) -> IoStats {
         self.counters.snapshot()
+    }
+
+    fn in_use(&self) -> Option<String> {
+        self.others.clone()
     }
 }
 
@@ -254,6 +306,10 @@ impl BlockDevice for OverlayDevice {
     fn stats(&self) -> IoStats {
         self.inner.stats()
     }
+
+    fn in_use(&self) -> Option<String> {
+        self.inner.in_use()
+    }
 }
 
 /// What a `FaultDevice` does to the writes it is given, counted from 1.
@@ -324,6 +380,10 @@ impl BlockDevice for FaultDevice {
 
     fn stats(&self) -> IoStats {
         self.inner.stats()
+    }
+
+    fn in_use(&self) -> Option<String> {
+        self.inner.in_use()
     }
 }
 

@@ -1,0 +1,522 @@
+//! `uext4 mount` under misuse and failure, judged from outside: CLI writes to a
+//! mounted image are refused; `umount` fails when the daemon died before it
+//! wrote everything back; a request that panics gets EIO instead of hanging its
+//! caller, over /dev/fuse and over io_uring; `uext4 sync` makes everything
+//! durable before a crash of the daemon (the kernel's journal replay and e2fsck
+//! judge); and setuid/setgid bits change exactly as the kernel's ext4, running
+//! the same steps side by side, changes them.
+
+mod common;
+
+use common::*;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn oracles() -> bool {
+    let have = |t: &str| {
+        Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success())
+    };
+    if !(have("mkfs.ext4") && have("e2fsck") && have("debugfs")) {
+        return !skip("e2fsprogs is not installed");
+    }
+    fuse_available()
+}
+
+/// Mount options for requests through /dev/fuse, or through io_uring (None:
+/// this kernel has no FUSE over io_uring).
+fn transport(uring: bool) -> Option<&'static str> {
+    if !uring {
+        return Some("io_uring=off");
+    }
+    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        skip("this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)");
+        return None;
+    }
+    Some("io_uring=on")
+}
+
+/// Checks, through `uext4 tune`'s session line, that requests came the way
+/// `uring` says: mostly through the ring, or never.
+fn assert_transport(mount: &Path, uring: bool) {
+    let listed = run(uext4().arg("tune").arg(mount));
+    let line = listed.lines().find(|l| l.starts_with("# requests so far")).unwrap_or_else(|| panic!("{listed}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    let (ring, device) = (numbers[0], numbers[1]);
+    assert!(if uring { ring > device } else { ring == 0 && device > 0 }, "io_uring={uring}, yet: {line}");
+}
+
+fn mounted(dir: &Path) -> bool {
+    let table = fs::read_to_string("/proc/self/mounts").unwrap();
+    let dir = dir.to_string_lossy();
+    table.lines().any(|l| l.split(' ').nth(1) == Some(&*dir))
+}
+
+fn wait_until(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs}s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A `uext4 mount --foreground` daemon this test started (so it can kill it
+/// and read what it logged).
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(image: &Path, dir: &Path, options: &str, env: &[(&str, &str)]) -> Daemon {
+        let mut cmd = uext4();
+        cmd.arg("mount").arg("--foreground").args(["-o", options]).arg(image).arg(dir);
+        cmd.envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let child = cmd.spawn().unwrap();
+        let mut d = Daemon { child, dir: dir.to_path_buf() };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !mounted(dir) {
+            if let Some(status) = d.child.try_wait().unwrap() {
+                panic!("the daemon exited ({status}) before mounting: {}", d.stderr());
+            }
+            assert!(Instant::now() < deadline, "the foreground mount never came up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    fn kill(&mut self) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        self.child.wait().unwrap();
+    }
+
+    fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            e.read_to_string(&mut text).unwrap();
+        }
+        text
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if mounted(&self.dir) {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+/// What debugfs prints on stdout (its banner goes to stderr).
+fn debugfs(image: &Path, request: &str) -> String {
+    let out = Command::new("debugfs").arg("-R").arg(request).arg(image).output().unwrap();
+    assert!(out.status.success(), "debugfs -R {request}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Names in the root directory of the image, as debugfs lists them.
+fn names_in_root(image: &Path) -> Vec<String> {
+    debugfs(image, "ls -p /")
+        .lines()
+        .filter_map(|l| l.split('/').nth(5).map(str::to_string))
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// CLI commands that write refuse a mounted image, by the holder's name,
+/// before changing anything; reading ones warn; after the unmount all work.
+#[test]
+fn cli_writes_to_a_mounted_image_are_refused() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let host = work.path().join("host.txt");
+    fs::write(&host, "from the host").unwrap();
+    let m = UextMount::new(&image, "");
+    fs::write(m.dir.join("through-the-mount"), "served").unwrap();
+    let i = image.display().to_string();
+    for args in [
+        vec!["mkdir".to_string(), format!("{i}:/cli-dir")],
+        vec!["cp".into(), host.display().to_string(), format!("{i}:/cli-file")],
+        vec!["rm".into(), format!("{i}:/through-the-mount")],
+        vec!["chmod".into(), "600".into(), format!("{i}:/through-the-mount")],
+        vec!["mkfs".into(), "--size".into(), "64M".into(), i.clone()],
+    ] {
+        let out = uext4().args(&args).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(1) && said.contains(&format!("held by uext4 at {}", m.dir.display())),
+            "uext4 {args:?}: {out:?}"
+        );
+    }
+    let out = uext4().arg("ls").arg(format!("{i}:/")).output().unwrap();
+    let (listed, said) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && listed.contains("lost+found"), "{out:?}");
+    assert!(said.contains("warning") && said.contains("in use by uext4 at"), "{said}");
+    // The mount is unharmed and still the only writer.
+    fs::write(m.dir.join("after"), "still served").unwrap();
+    m.unmount();
+    assert_e2fsck_clean(&image);
+    assert_eq!(debugfs(&image, "cat /through-the-mount"), "served");
+    assert_eq!(debugfs(&image, "cat /after"), "still served");
+    let names = names_in_root(&image);
+    assert!(!names.iter().any(|n| n.starts_with("cli-")), "a refused command changed the image: {names:?}");
+    run(uext4().arg("mkdir").arg(format!("{i}:/cli-dir")));
+    assert_e2fsck_clean(&image);
+
+    // The kernel's loop mount holds the image the same way.
+    {
+        let k = KernelMount::new(&image, "");
+        let out = uext4().arg("mkdir").arg(format!("{i}:/while-the-kernel-has-it")).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(1) && said.contains("the kernel") && said.contains(&*k.dir.to_string_lossy()),
+            "{out:?}"
+        );
+        let other = work.path().join("other");
+        fs::create_dir(&other).unwrap();
+        let out = uext4().arg("mount").arg(&image).arg(&other).output().unwrap();
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("the kernel"), "{out:?}");
+        assert!(!mounted(&other));
+    }
+    assert_e2fsck_clean(&image);
+    assert!(!names_in_root(&image).iter().any(|n| n == "while-the-kernel-has-it"));
+}
+
+/// `uext4 umount` succeeds only when the daemon wrote everything back: a daemon
+/// killed during its write-back, or before the umount, makes it fail.
+#[test]
+fn umount_fails_when_the_daemon_dies_before_its_write_back() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let dir = work.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let make_files = |prefix: &str| {
+        for n in 0..40 {
+            fs::write(dir.join(format!("{prefix}{n}")), format!("file {n}")).unwrap();
+        }
+    };
+    let count = |prefix: &str| names_in_root(&image).iter().filter(|n| n.starts_with(prefix)).count();
+
+    // Killed while writing back (the write-back is slowed down so the kill lands in it).
+    let mut d = Daemon::start(&image, &dir, "commit=600", &[("UEXT4_TEST_STALL_WRITEBACK_MS", "3000")]);
+    make_files("a");
+    let umount = uext4().arg("umount").arg(&dir).stderr(Stdio::piped()).spawn().unwrap();
+    wait_until("the mount goes away", 20, || !mounted(&dir));
+    std::thread::sleep(Duration::from_millis(20));
+    d.kill();
+    let out = umount.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && said.contains("before it had written everything back"), "{out:?}");
+    assert!(count("a") < 40, "the test meant to kill the daemon before its write-back, yet all files are there");
+    assert_e2fsck_clean(&image);
+
+    // Killed before the umount: the dead mount goes away and umount says what happened.
+    let mut d = Daemon::start(&image, &dir, "commit=600", &[]);
+    make_files("b");
+    d.kill();
+    let out = uext4().arg("umount").arg(&dir).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && said.contains("no uext4 daemon serves"), "{out:?}");
+    assert!(!mounted(&dir), "the dead mount stays");
+    assert_e2fsck_clean(&image);
+
+    // A crash after `uext4 sync` leaves the image needing recovery: a read-only
+    // mount replays the journal in memory only, changes nothing and unmounts
+    // cleanly; a writable one recovers it.
+    let mut d = Daemon::start(&image, &dir, "commit=600", &[]);
+    make_files("r");
+    run(uext4().arg("sync").arg(&dir));
+    d.kill();
+    assert_eq!(uext4().arg("umount").arg(&dir).output().unwrap().status.code(), Some(1));
+    let before = fs::read(&image).unwrap();
+    let m = UextMount::new(&image, "ro");
+    let seen = fs::read_dir(&m.dir)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with('r'))
+        .count();
+    assert_eq!(seen, 40, "the read-only mount sees the journal's files");
+    m.unmount();
+    assert!(fs::read(&image).unwrap() == before, "a read-only mount changed the image");
+    UextMount::new(&image, "").unmount();
+    assert_eq!(count("r"), 40);
+    assert_e2fsck_clean(&image);
+
+    // A daemon left alone: umount succeeds and every file is in the image.
+    let mut d = Daemon::start(&image, &dir, "commit=600", &[]);
+    make_files("c");
+    run(uext4().arg("umount").arg(&dir));
+    assert!(d.child.wait().unwrap().success(), "{}", d.stderr());
+    assert_eq!(count("c"), 40);
+    assert_e2fsck_clean(&image);
+}
+
+#[test]
+fn a_panicking_request_gets_eio_and_the_mount_survives() {
+    panicking_request(false);
+}
+
+#[test]
+fn a_panicking_request_gets_eio_over_io_uring() {
+    panicking_request(true);
+}
+
+/// The test hook makes the first WRITE request panic once it has been served:
+/// its caller must get EIO at once (not hang), later changes EROFS, reads and
+/// the unmount must still work, and the image must be clean.
+fn panicking_request(uring: bool) {
+    if !oracles() {
+        return;
+    }
+    let Some(options) = transport(uring) else { return };
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let m = UextMount::new(&image, options);
+    fs::write(m.dir.join("kept"), "written before").unwrap();
+    m.unmount();
+
+    let dir = work.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let mut d = Daemon::start(&image, &dir, options, &[("UEXT4_TEST_PANIC_OPCODE", "16")]);
+    fs::File::create(dir.join("victim")).unwrap();
+    let target = dir.join("victim");
+    let writer = std::thread::spawn(move || {
+        let mut f = OpenOptions::new().append(true).open(target).unwrap();
+        f.write_all(b"this write panics").and_then(|()| f.sync_all())
+    });
+    wait_until("the caller of the panicking request returns", 20, || writer.is_finished());
+    let err = writer.join().unwrap().expect_err("the panicking write reported success");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+
+    // Changes are refused from now on; reading goes on.
+    let again = fs::write(dir.join("kept"), "overwrite");
+    assert_eq!(again.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    assert_eq!(fs::create_dir(dir.join("newdir")).unwrap_err().raw_os_error(), Some(libc::EROFS));
+    assert_eq!(fs::read_to_string(dir.join("kept")).unwrap(), "written before");
+    assert!(fs::read_dir(&dir).unwrap().count() >= 3);
+    assert_transport(&dir, uring);
+
+    // The unmount works, and says the session was not clean.
+    let out = uext4().arg("umount").arg(&dir).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && said.contains("panicked"), "{out:?}");
+    assert!(!mounted(&dir));
+    let status = d.child.wait().unwrap();
+    let logged = d.stderr();
+    assert!(!status.success(), "the daemon ends in failure after a panic: {logged}");
+    assert!(logged.contains("(opcode 16)") && logged.contains("panicked") && logged.contains("test hook"), "{logged}");
+    assert_e2fsck_clean(&image);
+    assert_eq!(debugfs(&image, "cat /kept"), "written before");
+}
+
+#[test]
+fn uext4_sync_makes_everything_durable_before_a_crash() {
+    sync_then_crash(false);
+}
+
+#[test]
+fn uext4_sync_makes_everything_durable_over_io_uring() {
+    sync_then_crash(true);
+}
+
+/// 200 files, `uext4 sync`, SIGKILL of the daemon: the kernel replays the
+/// journal and finds all 200; e2fsck -fn is clean after the replay.
+fn sync_then_crash(uring: bool) {
+    if !oracles() {
+        return;
+    }
+    let Some(options) = transport(uring) else { return };
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let dir = work.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let count_after_kernel_replay = |prefix: &str| {
+        let k = KernelMount::new(&image, "");
+        let n = fs::read_dir(&k.dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(prefix))
+            .count();
+        for i in 0..n {
+            let content = fs::read_to_string(k.dir.join(format!("{prefix}{i}"))).unwrap_or_default();
+            assert_eq!(content, format!("content {i}"), "{prefix}{i} after the replay");
+        }
+        n
+    };
+    let crash_after = |prefix: &str, sync: &dyn Fn()| {
+        let mut d = Daemon::start(&image, &dir, &format!("commit=600,{options}"), &[]);
+        for i in 0..200 {
+            fs::write(dir.join(format!("{prefix}{i}")), format!("content {i}")).unwrap();
+        }
+        assert_transport(&dir, uring);
+        sync();
+        d.kill();
+        let out = uext4().arg("umount").arg(&dir).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "umount of a killed daemon must fail: {out:?}");
+        assert!(!mounted(&dir));
+    };
+
+    // What sync(2) gives on this kernel: Linux sends FUSE_SYNCFS to virtiofs only.
+    crash_after("plain", &|| run(&mut Command::new("sync")).clear());
+    let plain = count_after_kernel_replay("plain");
+    eprintln!("sync(2) then a crash of the daemon: {plain} of 200 files survive");
+    assert_e2fsck_clean(&image);
+
+    crash_after("synced", &|| run(uext4().arg("sync").arg(&dir)).clear());
+    assert_eq!(count_after_kernel_replay("synced"), 200, "files lost after uext4 sync and a crash");
+    assert_e2fsck_clean(&image);
+}
+
+/// Runs `script` with sh as user and group 65534 (nobody).
+fn as_nobody(script: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", script])
+        .output()
+        .expect("setpriv")
+}
+
+/// Mode, owner and group of each name, as `stat -c` shows them: GNU stat asks
+/// statx for only the fields its format needs, so a mode the kernel still
+/// caches shows here even where a full stat would refresh it.
+fn modes(root: &Path, names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| {
+            let out = Command::new("stat").args(["-c", "%a:%u:%g"]).arg(root.join(n)).output().unwrap();
+            format!("{n}={}", String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn set(root: &Path, name: &str, mode: u32, uid: u32, gid: u32) {
+    let p = root.join(name);
+    std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Every attribute change of setuid/setgid objects a non-root user (and root)
+/// can make, on the kernel's ext4 and through uext4's mount side by side: the
+/// modes, owners and groups that `stat` shows right after each step must be
+/// the same.
+#[test]
+fn privilege_bits_change_as_the_kernels_ext4_changes_them() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (kimg, uimg) = (work.path().join("k.img"), work.path().join("u.img"));
+    mkfs(&kimg, "64M");
+    mkfs(&uimg, "64M");
+    let k = KernelMount::new(&kimg, "");
+    let u = UextMount::new(&uimg, "allow_other");
+    for root in [&k.dir, &u.dir] {
+        fs::set_permissions(root.parent().unwrap(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(root, fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    const KINDS: [&str; 6] = ["file", "fifo", "chr", "blk", "sock", "dir"];
+    let kinds = KINDS;
+    for root in [&k.dir, &u.dir] {
+        fs::write(root.join("file"), "x").unwrap();
+        run(Command::new("mknod").arg(root.join("fifo")).arg("p"));
+        run(Command::new("mknod").arg(root.join("chr")).args(["c", "1", "3"]));
+        run(Command::new("mknod").arg(root.join("blk")).args(["b", "7", "200"]));
+        drop(std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap());
+        fs::create_dir(root.join("dir")).unwrap();
+    }
+    let nobody = |cmd: String| {
+        move |root: &Path| {
+            let out = as_nobody(&cmd.replace("{}", &root.display().to_string()));
+            format!("{}", out.status.code().unwrap_or(-1))
+        }
+    };
+    type Step = (String, Box<dyn Fn(&Path)>, Box<dyn Fn(&Path) -> String>);
+    let mut steps: Vec<Step> = Vec::new();
+    for mode in [0o6755, 0o6745, 0o6555, 0o2745] {
+        // The owner (nobody, in its own group) and root chown each kind to its own owner and group.
+        steps.push((
+            format!("nobody chowns {mode:o} objects it owns"),
+            Box::new(move |r| kinds.iter().for_each(|n| set(r, n, mode, 65534, 65534))),
+            Box::new(nobody(kinds.iter().map(|n| format!("chown 65534:65534 {{}}/{n}; ")).collect())),
+        ));
+        steps.push((
+            format!("root chowns {mode:o} objects"),
+            Box::new(move |r| kinds.iter().for_each(|n| set(r, n, mode, 65534, 65534))),
+            Box::new(|r| {
+                KINDS.iter().for_each(|n| std::os::unix::fs::lchown(r.join(n), Some(65534), Some(65534)).unwrap());
+                "0".into()
+            }),
+        ));
+        // Owned by nobody, group root (which nobody is not in).
+        steps.push((
+            format!("nobody chowns {mode:o} objects of a group it is not in"),
+            Box::new(move |r| kinds.iter().for_each(|n| set(r, n, mode, 65534, 0))),
+            Box::new(nobody(kinds.iter().map(|n| format!("chown 65534 {{}}/{n}; ")).collect())),
+        ));
+    }
+    // A writer that does not own the file, and root, change its data.
+    for (what, cmd) in [
+        ("writes", "echo more >> {}/file"),
+        ("truncates", "truncate -s 1 {}/file"),
+        ("fallocates", "fallocate -l 65536 {}/file"),
+        ("punches a hole", "fallocate -p -o 0 -l 4096 {}/file"),
+        ("extends", "truncate -s 100000 {}/file"),
+    ] {
+        for (mode, gid) in [(0o6777, 0), (0o6767, 0), (0o2767, 0), (0o2777, 65534), (0o4777, 0)] {
+            steps.push((
+                format!("nobody {what} a {mode:o} file of group {gid}"),
+                Box::new(move |r| set(r, "file", mode, 0, gid)),
+                Box::new(nobody(cmd.to_string())),
+            ));
+        }
+        steps.push((
+            format!("root {what} a 6777 file"),
+            Box::new(|r| set(r, "file", 0o6777, 65534, 65534)),
+            Box::new(move |r| {
+                run(Command::new("sh").arg("-c").arg(cmd.replace("{}", &r.display().to_string())));
+                "0".into()
+            }),
+        ));
+    }
+    // chmod by the owner: setgid for a group it is not in is dropped by the kernel.
+    for mode in ["2755", "6755", "4755", "g+s", "u+s"] {
+        steps.push((
+            format!("nobody chmods {mode} its file of group root"),
+            Box::new(|r| set(r, "file", 0o755, 65534, 0)),
+            Box::new(nobody(format!("chmod {mode} {{}}/file"))),
+        ));
+    }
+    let mut differ = Vec::new();
+    for (name, setup, step) in &steps {
+        let mut seen = Vec::new();
+        for root in [&k.dir, &u.dir] {
+            setup(root);
+            let status = step(root);
+            // Right away: a stale attribute cache would show the old mode.
+            seen.push(format!("exit {status}: {}", modes(root, &kinds)));
+        }
+        if seen[0] != seen[1] {
+            differ.push(format!("{name}:\n  kernel {}\n  uext4  {}", seen[0], seen[1]));
+        }
+    }
+    assert!(differ.is_empty(), "privilege bits differ from the kernel's ext4:\n{}", differ.join("\n"));
+    drop(k);
+    u.unmount();
+    assert_e2fsck_clean(&uimg);
+    assert_e2fsck_clean(&kimg);
+}
