@@ -230,6 +230,9 @@ pub fn check_then_apply(
     same_image(command, targets)?;
     let image = &targets[0].image;
     let opened = |e: Error| Failure::refused(format!("{command}: {e}"));
+    // A mounted image's disk copy may lag what its holder serves, so the check
+    // pass would judge stale state: who holds it is the first refusal.
+    uext4::dev::check_unused(image).map_err(opened)?;
     let fs = Filesystem::open(image, Options::default()).map_err(opened)?;
     body(&fs, Pass::Check)?;
     drop(fs);
