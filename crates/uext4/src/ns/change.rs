@@ -287,79 +287,37 @@ impl Filesystem {
     }
 
     /// Writes `data` at `offset`: mapped blocks are overwritten in place, holes get
-    /// new blocks (merged into the neighbouring extent when contiguous).
+    /// new blocks (merged into the neighbouring extent when contiguous). As the
+    /// kernel does, a write starting at or past the largest file size fails with
+    /// EFBIG and one crossing it is cut short there; running out of space part-way
+    /// is a short write. Whatever was written is recorded in the inode.
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
         let _lock = self.inode_locks.lock(ino as u64);
-        if !self.inode(ino)?.is_reg() {
+        let inode = self.inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory(format!("writing to directory inode {ino}")));
+        }
+        if !inode.is_reg() {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
-        let bs = self.geo.block_size as u64;
-        let zeroout = self.extent_zeroout_len();
+        let max = self.max_file_size();
+        if offset >= max {
+            return Err(Error::FileTooLarge(format!(
+                "write at byte {offset} of inode {ino}: the largest file is {max} bytes"
+            )));
+        }
+        let data = &data[..data.len().min((max - offset).min(usize::MAX as u64) as usize)];
         let mut tx = self.begin(16)?;
         self.uninline(&mut tx, ino)?;
         let mut inode = (*self.inode(ino)?).clone();
-        let dev = self.cache.device().clone();
         let mut done = 0usize;
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let lblk = pos / bs;
-            let in_block = (pos % bs) as usize;
-            let n = (bs as usize - in_block).min(data.len() - done);
-            let pblk = match self.map_blocks(ino, &inode, lblk, 1)?.kind {
-                MapKind::Mapped(p) => p,
-                MapKind::Unwritten(p) => {
-                    // Preallocated but never written: its old bytes must not show, so
-                    // what this write leaves of the block becomes zeros.
-                    if n < bs as usize {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    self.ensure_space(DATA_SPACE_BLOCKS)?;
-                    self.extent_mark_written(&mut tx, ino, &mut inode, lblk, zeroout)?;
-                    p
-                }
-                MapKind::Hole => {
-                    // Out of space: a short write, or ENOSPC if nothing was written.
-                    if let Err(e) = self.ensure_space(DATA_SPACE_BLOCKS) {
-                        if done == 0 {
-                            return Err(e);
-                        }
-                        break;
-                    }
-                    // The whole hole this write covers is allocated as one run.
-                    let want_blocks = (in_block as u64 + (data.len() - done) as u64).div_ceil(bs);
-                    let hole = self.map_blocks(ino, &inode, lblk, want_blocks)?.len;
-                    let reserved = self.sb.read().s_r_blocks_count;
-                    let spare = self.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
-                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
-                    // Right after the block before, so sequential writes stay contiguous.
-                    let goal = match lblk.checked_sub(1) {
-                        Some(prev) => match self.map_blocks(ino, &inode, prev, 1)?.kind {
-                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
-                            MapKind::Hole => self.inode_goal(ino),
-                        },
-                        None => self.inode_goal(ino),
-                    };
-                    let (p, got) = self.alloc_blocks(&mut tx, goal, want)?;
-                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - done);
-                    // Fresh blocks: zero the parts of the first and last this write leaves.
-                    if in_block > 0 {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    let end_in_block = (in_block + bytes) % bs as usize;
-                    if end_in_block != 0 {
-                        let last = p + (in_block + bytes) as u64 / bs;
-                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
-                    }
-                    self.extent_append(&mut tx, ino, &mut inode, lblk, p, got)?;
-                    // File data goes straight to the device, before the metadata that maps it.
-                    dev.write_at(p * bs + in_block as u64, &data[done..done + bytes])?;
-                    done += bytes;
-                    continue;
-                }
-            };
-            // File data goes straight to the device, before the metadata that maps it.
-            dev.write_at(pblk * bs + in_block as u64, &data[done..done + n])?;
-            done += n;
+        let outcome = self.write_blocks(&mut tx, ino, &mut inode, offset, data, &mut done);
+        if outcome.is_err() && done == 0 {
+            // Nothing was written; the inode may still have changed (a failed step
+            // leaves the tree as it was, earlier steps may not), so it is saved.
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
+            return outcome.map(|_| 0);
         }
         let end = offset + done as u64;
         if end > inode.i_size {
@@ -371,6 +329,83 @@ impl Filesystem {
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
         Ok(done)
+    }
+
+    /// The block loop of `write`: `done` counts the bytes written so far, which
+    /// stay written (and mapped in `inode`) whatever happens next.
+    fn write_blocks(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        offset: u64,
+        data: &[u8],
+        done: &mut usize,
+    ) -> Result<()> {
+        let bs = self.geo.block_size as u64;
+        let zeroout = self.extent_zeroout_len();
+        let dev = self.cache.device().clone();
+        while *done < data.len() {
+            let pos = offset + *done as u64;
+            let lblk = pos / bs;
+            let in_block = (pos % bs) as usize;
+            let n = (bs as usize - in_block).min(data.len() - *done);
+            let pblk = match self.map_blocks(ino, inode, lblk, 1)?.kind {
+                MapKind::Mapped(p) => p,
+                MapKind::Unwritten(p) => {
+                    self.ensure_space(DATA_SPACE_BLOCKS)?;
+                    // Preallocated but never written: its old bytes must not show, so
+                    // what this write leaves of the block becomes zeros.
+                    if n < bs as usize {
+                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
+                    }
+                    self.extent_mark_written(tx, ino, inode, lblk, zeroout)?;
+                    p
+                }
+                MapKind::Hole => {
+                    // Out of space: a short write, or ENOSPC if nothing was written.
+                    self.ensure_space(DATA_SPACE_BLOCKS)?;
+                    // The whole hole this write covers is allocated as one run.
+                    let want_blocks = (in_block as u64 + (data.len() - *done) as u64).div_ceil(bs);
+                    let hole = self.map_blocks(ino, inode, lblk, want_blocks)?.len;
+                    let reserved = self.reserved_blocks();
+                    let spare = self.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
+                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
+                    // Right after the block before, so sequential writes stay contiguous.
+                    let goal = match lblk.checked_sub(1) {
+                        Some(prev) => match self.map_blocks(ino, inode, prev, 1)?.kind {
+                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
+                            MapKind::Hole => self.inode_goal(ino),
+                        },
+                        None => self.inode_goal(ino),
+                    };
+                    let (p, got) = self.alloc_blocks(tx, goal, want)?;
+                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - *done);
+                    // Fresh blocks: zero the parts of the first and last this write leaves.
+                    if in_block > 0 {
+                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
+                    }
+                    let end_in_block = (in_block + bytes) % bs as usize;
+                    if end_in_block != 0 {
+                        let last = p + (in_block + bytes) as u64 / bs;
+                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
+                    }
+                    if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
+                        // The tree is as it was: the blocks go back.
+                        self.free_blocks_range(tx, p, got as u64)?;
+                        return Err(e);
+                    }
+                    // File data goes straight to the device, before the metadata that maps it.
+                    dev.write_at(p * bs + in_block as u64, &data[*done..*done + bytes])?;
+                    *done += bytes;
+                    continue;
+                }
+            };
+            // File data goes straight to the device, before the metadata that maps it.
+            dev.write_at(pblk * bs + in_block as u64, &data[*done..*done + n])?;
+            *done += n;
+        }
+        Ok(())
     }
 }
 
@@ -393,6 +428,22 @@ impl Filesystem {
     /// end; growing only moves i_size (the new range reads as a hole).
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
         let _lock = self.inode_locks.lock(ino as u64);
+        if let Some(size) = attr.size {
+            // Refused before anything changes.
+            let inode = self.inode(ino)?;
+            if inode.is_dir() {
+                return Err(Error::IsADirectory(format!("truncating directory inode {ino}")));
+            }
+            if !inode.is_reg() {
+                return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+            }
+            if size > self.max_file_size() {
+                return Err(Error::FileTooLarge(format!(
+                    "size {size} for inode {ino}: the largest file is {} bytes",
+                    self.max_file_size()
+                )));
+            }
+        }
         let mut tx = self.begin(8)?;
         if attr.size.is_some() {
             self.uninline(&mut tx, ino)?;
@@ -408,9 +459,6 @@ impl Filesystem {
             inode.i_gid = g;
         }
         if let Some(size) = attr.size {
-            if !inode.is_reg() {
-                return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
-            }
             if size < inode.i_size {
                 let bs = self.geo.block_size as u64;
                 self.extent_truncate(&mut tx, ino, &mut inode, size.div_ceil(bs))?;
