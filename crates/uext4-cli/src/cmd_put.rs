@@ -226,6 +226,10 @@ fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u
 /// own name, else (one source) as the destination name itself.
 pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool) -> Result<()> {
     let fs = Filesystem::open(&dest.image, Options { read_only: false, ..Options::default() })?;
+    // The copy acts with the caller's own credentials (root may use the reserved
+    // blocks), not those of the files' owners.
+    // SAFETY: geteuid and getegid have no preconditions.
+    let _caller = fs.acting_as(unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } });
     let into_dir = match fs.lookup_path(&dest.path) {
         Ok(ino) => match fs.stat(ino)?.file_type {
             uext4::FileType::Directory => Some(ino),

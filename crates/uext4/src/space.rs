@@ -52,8 +52,11 @@ impl Filesystem {
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("fallocate on directory inode {ino}")));
         }
+        if inode.file_type() == crate::format::inode::S_IFIFO {
+            return Err(Error::NotSeekable(format!("fallocate on fifo inode {ino}")));
+        }
         if !inode.is_reg() {
-            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+            return Err(Error::NoDevice(format!("fallocate on inode {ino}, which is not a regular file")));
         }
         let bs = self.geo.block_size as u64;
         let (first_block, end_block) = (offset / bs, end.div_ceil(bs));

@@ -257,3 +257,299 @@ fn largest_file_with_1k_blocks() {
 fn largest_file_without_huge_file() {
     at_the_limit(4096, &["^huge_file"]);
 }
+
+// ---- Item 9: errno, timestamps, reserved blocks, statfs ----
+
+fn errno_of<T>(r: uext4::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.errno(),
+    }
+}
+
+fn host_errno<T>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn c_path(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// The same calls through uext4 and through the kernel's ext4 (a loop mount of a
+/// twin image holding the same tree): every errno must be the kernel's.
+#[test]
+fn errno_as_the_kernel_gives_it() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = mkfs(dir.path(), 64 << 20, 4096);
+    let twin = dir.path().join("twin.img");
+    std::fs::copy(&image, &twin).unwrap();
+    let long = vec![b'n'; 256];
+    let long_s = String::from_utf8(long.clone()).unwrap();
+    let target_too_long = vec![b't'; 4096];
+    let links = 65000;
+
+    let mut ours: Vec<(&str, i32)> = Vec::new();
+    {
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let file = fs.create(ROOT_INO, b"file", 0o644, ROOT).unwrap().ino;
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        fs.symlink(ROOT_INO, b"loop1", b"loop2", ROOT).unwrap();
+        fs.symlink(ROOT_INO, b"loop2", b"loop1", ROOT).unwrap();
+        let many = fs.mkdir(ROOT_INO, b"many", 0o755, ROOT).unwrap().ino;
+        let target = fs.create(many, b"t", 0o644, ROOT).unwrap().ino;
+        for i in 1..links {
+            fs.link(target, many, format!("l{i}").as_bytes()).unwrap();
+        }
+        let at = |p: &str| fs.lookup_path(p.as_bytes());
+        ours.push(("create a 256-byte name", errno_of(fs.create(ROOT_INO, &long, 0o644, ROOT))));
+        ours.push(("mkdir a 256-byte name", errno_of(fs.mkdir(ROOT_INO, &long, 0o755, ROOT))));
+        ours.push(("look up a 256-byte name", errno_of(fs.lookup_path(format!("/{long_s}").as_bytes()))));
+        ours.push(("rename to a 256-byte name", errno_of(fs.rename(ROOT_INO, b"file", ROOT_INO, &long, 0))));
+        ours.push(("symlink to a 4096-byte target", errno_of(fs.symlink(ROOT_INO, b"s", &target_too_long, ROOT))));
+        ours.push(("symlink to an empty target", errno_of(fs.symlink(ROOT_INO, b"s", b"", ROOT))));
+        ours.push(("unlink a directory", errno_of(fs.unlink(ROOT_INO, b"d"))));
+        ours.push(("rmdir a file", errno_of(fs.rmdir(ROOT_INO, b"file"))));
+        ours.push(("look up under a file", errno_of(at("/file/x"))));
+        ours.push(("create under a file", errno_of(fs.create(file, b"x", 0o644, ROOT))));
+        ours.push(("unlink d/.", errno_of(fs.unlink(d, b"."))));
+        ours.push(("rmdir d/.", errno_of(fs.rmdir(d, b"."))));
+        ours.push(("rmdir d/..", errno_of(fs.rmdir(d, b".."))));
+        ours.push(("rename d/. away", errno_of(fs.rename(d, b".", ROOT_INO, b"x", 0))));
+        ours.push(("rename over d/..", errno_of(fs.rename(ROOT_INO, b"file", d, b"..", 0))));
+        ours.push(("mkdir d/.", errno_of(fs.mkdir(d, b".", 0o755, ROOT))));
+        ours.push(("link to a directory", errno_of(fs.link(d, ROOT_INO, b"dlink"))));
+        ours.push(("mknod a directory", errno_of(fs.mknod(ROOT_INO, b"nd", 0o040755, (0, 0), ROOT))));
+        ours.push((
+            "truncate a directory",
+            errno_of(fs.setattr(d, &uext4::SetAttr { size: Some(0), ..Default::default() })),
+        ));
+        ours.push(("follow a symlink loop", errno_of(at("/loop1/x"))));
+        ours.push(("link past 65,000", errno_of(fs.link(target, many, b"one-more"))));
+        let xname = format!("user.{}", "x".repeat(251));
+        ours.push(("a 256-byte xattr name", errno_of(fs.set_xattr(file, xname.as_bytes(), b"v", 0))));
+    }
+
+    let mut theirs: Vec<(&str, i32)> = Vec::new();
+    {
+        let m = oracle::Mount::new(&twin, "");
+        let p = |s: &str| m.dir.join(s);
+        std::fs::File::create(p("file")).unwrap();
+        std::fs::create_dir(p("d")).unwrap();
+        std::os::unix::fs::symlink("loop2", p("loop1")).unwrap();
+        std::os::unix::fs::symlink("loop1", p("loop2")).unwrap();
+        std::fs::create_dir(p("many")).unwrap();
+        std::fs::File::create(p("many/t")).unwrap();
+        for i in 1..links {
+            std::fs::hard_link(p("many/t"), p(&format!("many/l{i}"))).unwrap();
+        }
+        let long_p = p(&long_s);
+        let sys = |rc: i32| if rc == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() };
+        theirs.push(("create a 256-byte name", host_errno(std::fs::File::create(&long_p))));
+        theirs.push(("mkdir a 256-byte name", host_errno(std::fs::create_dir(&long_p))));
+        theirs.push(("look up a 256-byte name", host_errno(std::fs::symlink_metadata(&long_p))));
+        theirs.push(("rename to a 256-byte name", host_errno(std::fs::rename(p("file"), &long_p))));
+        let too_long = String::from_utf8(target_too_long.clone()).unwrap();
+        // SAFETY (the raw calls below): NUL-terminated paths that outlive the call.
+        let rc = unsafe { libc::symlink(c_path(Path::new(&too_long)).as_ptr(), c_path(&p("s")).as_ptr()) };
+        theirs.push(("symlink to a 4096-byte target", sys(rc)));
+        theirs.push(("symlink to an empty target", host_errno(std::os::unix::fs::symlink("", p("s")))));
+        theirs.push(("unlink a directory", host_errno(std::fs::remove_file(p("d")))));
+        theirs.push(("rmdir a file", host_errno(std::fs::remove_dir(p("file")))));
+        theirs.push(("look up under a file", host_errno(std::fs::symlink_metadata(p("file/x")))));
+        theirs.push(("create under a file", host_errno(std::fs::File::create(p("file/x")))));
+        theirs.push(("unlink d/.", sys(unsafe { libc::unlink(c_path(&p("d/.")).as_ptr()) })));
+        theirs.push(("rmdir d/.", sys(unsafe { libc::rmdir(c_path(&p("d/.")).as_ptr()) })));
+        theirs.push(("rmdir d/..", sys(unsafe { libc::rmdir(c_path(&p("d/..")).as_ptr()) })));
+        theirs.push(("rename d/. away", host_errno(std::fs::rename(p("d/."), p("x")))));
+        theirs.push(("rename over d/..", host_errno(std::fs::rename(p("file"), p("d/..")))));
+        theirs.push(("mkdir d/.", host_errno(std::fs::create_dir(p("d/.")))));
+        theirs.push(("link to a directory", host_errno(std::fs::hard_link(p("d"), p("dlink")))));
+        let rc = unsafe { libc::mknod(c_path(&p("nd")).as_ptr(), libc::S_IFDIR | 0o755, 0) };
+        theirs.push(("mknod a directory", sys(rc)));
+        theirs.push(("truncate a directory", sys(unsafe { libc::truncate(c_path(&p("d")).as_ptr(), 0) })));
+        theirs.push(("follow a symlink loop", host_errno(std::fs::symlink_metadata(p("loop1/x")))));
+        theirs.push(("link past 65,000", host_errno(std::fs::hard_link(p("many/t"), p("many/one-more")))));
+        let xname = std::ffi::CString::new(format!("user.{}", "x".repeat(251))).unwrap();
+        let rc = unsafe {
+            libc::setxattr(c_path(&p("file")).as_ptr(), xname.as_ptr(), b"v".as_ptr() as *const libc::c_void, 1, 0)
+        };
+        theirs.push(("a 256-byte xattr name", sys(rc)));
+    }
+    assert_eq!(ours, theirs, "uext4's errno differs from the kernel's");
+    assert!(ours.iter().all(|&(_, e)| e != 0), "a call that should fail succeeded: {ours:?}");
+    oracle::assert_e2fsck_clean(&image);
+    oracle::assert_e2fsck_clean(&twin);
+}
+
+/// A debugfs field of an inode (e.g. " mtime:") up to its "--".
+fn debugfs_time(image: &Path, path: &str, field: &str) -> String {
+    let out = oracle::run(std::process::Command::new("debugfs").arg("-R").arg(format!("stat {path}")).arg(image));
+    out.lines()
+        .find_map(|l| l.trim_start().strip_prefix(field).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no {field} for {path} in:\n{out}"))
+}
+
+/// Times outside ext4's range are stored as the kernel stores them (clamped, not
+/// wrapped into another century), for 256-byte inodes (1901..2446, ns) and
+/// 128-byte ones (32-bit seconds): debugfs reads the same fields from both images.
+#[test]
+fn timestamps_clamp_as_the_kernel_clamps() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let times: [(i64, u32); 6] = [
+        (16_725_225_600, 123_456_789), // 2500-01-01
+        (-5_364_662_400, 5),           // 1800-01-01
+        (15_032_385_535, 999),         // the last second with extra bits
+        (2_147_483_648, 7),            // just past 32-bit seconds
+        (-2_147_483_649, 1),           // just before 1901-12-13
+        (946_684_800, 500_000_000),    // 2000-01-01, in range
+    ];
+    for inode_size in [256u16, 128] {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.img");
+        let opts = uext4::mkfs::MkfsOptions { size: 32 << 20, inode_size, ..Default::default() };
+        uext4::mkfs::mkfs(&image, &opts).unwrap();
+        let twin = dir.path().join("twin.img");
+        std::fs::copy(&image, &twin).unwrap();
+        {
+            let fs = Filesystem::open(&image, rw()).unwrap();
+            for (i, &(sec, nsec)) in times.iter().enumerate() {
+                let ino = fs.create(ROOT_INO, format!("t{i}").as_bytes(), 0o644, ROOT).unwrap().ino;
+                let t = uext4::format::inode::Timestamp { sec, nsec };
+                let st = fs.setattr(ino, &uext4::SetAttr { mtime: Some(t), atime: Some(t), ..Default::default() });
+                st.unwrap();
+            }
+        }
+        {
+            let m = oracle::Mount::new(&twin, "");
+            for (i, &(sec, nsec)) in times.iter().enumerate() {
+                let path = m.dir.join(format!("t{i}"));
+                std::fs::File::create(&path).unwrap();
+                let ts = libc::timespec { tv_sec: sec, tv_nsec: nsec as i64 };
+                // SAFETY: a NUL-terminated path and two valid timespecs.
+                let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c_path(&path).as_ptr(), [ts, ts].as_ptr(), 0) };
+                assert_eq!(rc, 0, "utimensat: {}", std::io::Error::last_os_error());
+            }
+        }
+        for (i, time) in times.iter().enumerate() {
+            for field in ["mtime:", "atime:"] {
+                let ours = debugfs_time(&image, &format!("/t{i}"), field);
+                let theirs = debugfs_time(&twin, &format!("/t{i}"), field);
+                assert_eq!(ours, theirs, "{inode_size}-byte inodes, time {time:?}, {field}");
+            }
+        }
+        oracle::assert_e2fsck_clean(&image);
+    }
+}
+
+/// statfs's block count leaves out the metadata overhead exactly as the kernel's
+/// does, on images mkfs.ext4 made in several shapes; free counts agree too.
+#[test]
+fn statfs_blocks_equal_the_kernels() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let shapes: [&[&str]; 5] = [
+        &["-b", "4096"],
+        &["-b", "1024"],
+        &["-b", "4096", "-I", "128", "-O", "^flex_bg"],
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+        &["-b", "4096", "-O", "^has_journal", "-m", "0"],
+    ];
+    for shape in shapes {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.img");
+        oracle::run(std::process::Command::new("mkfs.ext4").args(["-q", "-F"]).args(shape).arg(&image).arg("300M"));
+        let ours = Filesystem::open(&image, Options::default()).unwrap().statfs();
+        let m = oracle::Mount::new(&image, "ro");
+        // SAFETY: statvfs fills the struct it is given; the path is NUL-terminated.
+        let st = unsafe {
+            let mut st: libc::statvfs = std::mem::zeroed();
+            assert_eq!(libc::statvfs(c_path(&m.dir).as_ptr(), &mut st), 0);
+            st
+        };
+        let unit = st.f_frsize / ours.block_size as u64;
+        assert_eq!((ours.blocks, ours.free_blocks), (st.f_blocks * unit, st.f_bfree * unit), "mkfs.ext4 {shape:?}");
+    }
+}
+
+/// The reserved blocks go to root and s_def_resuid only; on a disk full for
+/// everyone else, an empty file still gets made (it needs no block) while a
+/// directory needs root. The kernel reads all of it and e2fsck is silent.
+#[test]
+fn reserved_blocks_for_root_and_empty_files_on_a_full_disk() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    oracle::run(
+        std::process::Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-m", "10"]).arg(&image).arg("32M"),
+    );
+    oracle::run(std::process::Command::new("tune2fs").args(["-u", "4242"]).arg(&image));
+    let user = Owner { uid: 1000, gid: 1000 };
+    let resuid = Owner { uid: 4242, gid: 1000 };
+    let mut written: Vec<(String, Vec<u8>)> = Vec::new();
+    let fill = |fs: &Filesystem, name: &str, who: Owner| -> (Vec<u8>, uext4::Result<usize>) {
+        let _as = fs.acting_as(who);
+        let ino = fs.create(ROOT_INO, name.as_bytes(), 0o644, who).unwrap().ino;
+        let mut data = Vec::new();
+        let chunk = pattern(name.len(), 1 << 20);
+        loop {
+            match fs.write(ino, data.len() as u64, &chunk) {
+                Ok(0) => return (data, Ok(0)),
+                Ok(n) => data.extend_from_slice(&chunk[..n]),
+                Err(e) => return (data, Err(e)),
+            }
+        }
+    };
+    {
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let reserved = fs.superblock().s_r_blocks_count;
+        let (data, end) = fill(&fs, "user", user);
+        assert!(matches!(end, Err(Error::NoSpace(_))), "{end:?}");
+        assert!(fs.free_blocks() >= reserved, "a user took reserved blocks");
+        written.push(("user".into(), data));
+        {
+            let _as = fs.acting_as(user);
+            // Writes stop with a few blocks of headroom; directories take one each
+            // until only the reserve is left.
+            let mut dirs = 0;
+            let err = loop {
+                match fs.mkdir(ROOT_INO, format!("userdir{dirs}").as_bytes(), 0o755, user) {
+                    Ok(_) => dirs += 1,
+                    Err(e) => break e,
+                }
+                assert!(dirs < 64, "a user keeps making directories on a full disk");
+            };
+            assert!(matches!(err, Error::NoSpace(_)), "mkdir by a user on a full disk: {err}");
+            assert_eq!(fs.free_blocks(), reserved, "a user stopped short of the reserve or dipped into it");
+            // No block needed: the name fits in the root directory.
+            fs.create(ROOT_INO, b"empty", 0o644, user).unwrap();
+            fs.symlink(ROOT_INO, b"short-link", b"empty", user).unwrap();
+        }
+        {
+            let _as = fs.acting_as(ROOT);
+            fs.mkdir(ROOT_INO, b"rootdir", 0o755, ROOT).unwrap();
+        }
+        let (data, _) = fill(&fs, "resuid", resuid);
+        assert!(data.len() as u64 > reserved * 4096 / 2, "s_def_resuid got only {} bytes", data.len());
+        written.push(("resuid".into(), data));
+        let (data, _) = fill(&fs, "root", ROOT);
+        written.push(("root".into(), data));
+        assert!(fs.free_blocks() < 16, "root left {} blocks", fs.free_blocks());
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    for (name, data) in &written {
+        assert!(&std::fs::read(m.dir.join(name)).unwrap() == data, "the kernel reads {name} differently");
+    }
+    assert!(m.dir.join("rootdir").is_dir() && m.dir.join("empty").is_file());
+}

@@ -150,6 +150,11 @@ impl Filesystem {
         ActingAs { before: CALLER.with(|c| c.replace(Some(who))) }
     }
 
+    /// Acts as `who` only when the calling thread has not said who it is.
+    pub(crate) fn acting_as_unless_set(&self, who: Owner) -> Option<ActingAs> {
+        CALLER.with(|c| c.get()).is_none().then(|| self.acting_as(who))
+    }
+
     /// Whether `who` may take the reserved blocks.
     pub fn may_use_reserved(&self, who: Owner) -> bool {
         let sb = self.sb.read();

@@ -30,8 +30,13 @@ pub fn now() -> Timestamp {
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name == b"." || name == b".." {
-        return Err(Error::Invalid(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
+    // As the kernel's path walk answers: an empty name names nothing, and '.'
+    // and '..' always exist.
+    if name.is_empty() {
+        return Err(Error::NotFound("an empty name".into()));
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
     }
     if name.len() > dirent::EXT4_NAME_LEN {
         return Err(Error::NameTooLong(format!("name of {} bytes is longer than 255", name.len())));
@@ -40,6 +45,17 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
         return Err(Error::Invalid("a name may not contain '/' or NUL".into()));
     }
     Ok(())
+}
+
+impl Filesystem {
+    /// A time as this filesystem stores it, as the kernel's timestamp_truncate
+    /// gives it: inodes big enough for the `_extra` words (the kernel asks the
+    /// inode size, not each inode's i_extra_isize) range to 2446 in nanoseconds,
+    /// smaller ones to 2038 in whole seconds.
+    pub fn timestamp_truncate(&self, t: Timestamp) -> Timestamp {
+        const ATIME_EXTRA_END: usize = 0x90;
+        t.clamp(self.geo.inode_size >= ATIME_EXTRA_END)
+    }
 }
 
 /// Owner and permission bits for a new inode.
@@ -73,17 +89,20 @@ impl Filesystem {
         inode.i_ctime = t;
     }
 
-    /// Creates a name in `parent` for a new inode built by `init` (which may allocate
-    /// blocks); returns the new inode's attributes.
+    /// Creates a name in `parent` for a new inode built by `init` (which allocates
+    /// at most `init_blocks` blocks); returns the new inode's attributes. A caller
+    /// that has not said who it is (`acting_as`) acts as the new inode's owner.
     fn create_node(
         &self,
         parent: u32,
         name: &[u8],
         mode: u16,
         owner: Owner,
+        init_blocks: u64,
         init: &dyn Fn(&Self, &mut Handle, u32, &mut Inode) -> Result<()>,
     ) -> Result<Stat> {
         check_name(name)?;
+        let _caller = self.acting_as_unless_set(owner);
         let is_dir = mode & S_IFMT == S_IFDIR;
         let _name_lock = self.dir_locks.lock(parent as u64);
         self.require_dir(parent)?;
@@ -94,8 +113,19 @@ impl Filesystem {
         // the new inode's after it is safe: nobody can hold the lock of an inode
         // that was free a moment ago while waiting to begin a handle.
         let _parent_lock = self.inode_locks.lock(parent as u64);
+        // Room for the name's worst case; on a nearly full disk, only for what it
+        // needs: an empty file whose name fits in the directory takes no block.
+        if self.ensure_space(NAME_SPACE_BLOCKS + init_blocks).is_err() {
+            let parent_inode = self.inode(parent)?;
+            let needed = match self.entry_needs_block(parent, &parent_inode, name)? {
+                true => NAME_SPACE_BLOCKS + init_blocks,
+                false => init_blocks,
+            };
+            if needed > 0 {
+                self.ensure_space(needed)?;
+            }
+        }
         let mut tx = self.begin(8)?;
-        self.ensure_space(NAME_SPACE_BLOCKS)?;
         let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
         let _inode_lock = self.inode_locks.lock(ino as u64);
         let mut inode = self.new_inode(mode, owner);
@@ -115,7 +145,7 @@ impl Filesystem {
 
     /// Creates an empty regular file.
     pub fn create(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
-        self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, &|_, _, _, i| {
+        self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, 0, &|_, _, _, i| {
             i.i_links_count = 1;
             Ok(())
         })
@@ -124,10 +154,17 @@ impl Filesystem {
     /// Creates a fifo, socket or device node; `rdev` is (major, minor).
     pub fn mknod(&self, parent: u32, name: &[u8], mode: u16, rdev: (u32, u32), owner: Owner) -> Result<Stat> {
         let kind = mode & S_IFMT;
+        // The kernel's may_mknod: a directory is EPERM, a regular file is made.
+        if kind == S_IFDIR {
+            return Err(Error::NotPermitted("mknod cannot make a directory (use mkdir)".into()));
+        }
+        if kind == S_IFREG {
+            return self.create(parent, name, mode & 0o7777, owner);
+        }
         if ![S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK].contains(&kind) {
             return Err(Error::Invalid(format!("mknod of mode {mode:#o}")));
         }
-        self.create_node(parent, name, mode, owner, &|_, _, _, i| {
+        self.create_node(parent, name, mode, owner, 0, &|_, _, _, i| {
             i.i_links_count = 1;
             // Device numbers live in i_block, not in an extent root.
             i.i_flags = 0;
@@ -144,7 +181,7 @@ impl Filesystem {
     }
 
     pub fn mkdir(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
-        self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, &|fs, tx, ino, i| {
+        self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, 1, &|fs, tx, ino, i| {
             i.i_links_count = 2;
             let bs = fs.geo.block_size;
             let (blk, _) = fs.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
@@ -167,10 +204,15 @@ impl Filesystem {
 
     /// A symlink: the target in i_block when shorter than 60 bytes, else in a block.
     pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], owner: Owner) -> Result<Stat> {
-        if target.is_empty() || target.len() >= self.geo.block_size {
-            return Err(Error::Invalid(format!("symlink target of {} bytes", target.len())));
+        if target.is_empty() {
+            return Err(Error::NotFound("an empty symlink target".into()));
         }
-        self.create_node(parent, name, S_IFLNK | 0o777, owner, &|fs, tx, ino, i| {
+        // The target and its NUL must fit in one block (the kernel's ext4_symlink).
+        if target.len() >= self.geo.block_size {
+            return Err(Error::NameTooLong(format!("symlink target of {} bytes", target.len())));
+        }
+        let blocks = (target.len() >= 60) as u64;
+        self.create_node(parent, name, S_IFLNK | 0o777, owner, blocks, &|fs, tx, ino, i| {
             i.i_links_count = 1;
             i.i_size = target.len() as u64;
             if target.len() < 60 {
@@ -229,8 +271,14 @@ impl Filesystem {
     }
 
     fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
+        // The errno the kernel's do_unlinkat and do_rmdir give for these names.
         if name == b"." || name == b".." {
-            return Err(Error::Invalid(format!("cannot remove '{}'", String::from_utf8_lossy(name))));
+            let what = format!("cannot remove '{}'", String::from_utf8_lossy(name));
+            return Err(match (want_dir, name) {
+                (false, _) => Error::IsADirectory(what),
+                (true, b".") => Error::Invalid(what),
+                (true, _) => Error::NotEmpty(what),
+            });
         }
         let _name_lock = self.dir_locks.lock(parent as u64);
         self.require_dir(parent)?;
@@ -476,12 +524,12 @@ impl Filesystem {
             inode.i_mtime = t;
         }
         if let Some(t) = attr.atime {
-            inode.i_atime = t;
+            inode.i_atime = self.timestamp_truncate(t);
         }
         if let Some(t) = attr.mtime {
-            inode.i_mtime = t;
+            inode.i_mtime = self.timestamp_truncate(t);
         }
-        inode.i_ctime = attr.ctime.unwrap_or_else(now);
+        inode.i_ctime = self.timestamp_truncate(attr.ctime.unwrap_or_else(now));
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
         self.stat(ino)

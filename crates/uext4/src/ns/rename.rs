@@ -57,10 +57,19 @@ impl Filesystem {
     }
 
     pub fn rename(&self, src_dir: u32, src_name: &[u8], dst_dir: u32, dst_name: &[u8], flags: u32) -> Result<()> {
-        check_name(dst_name)?;
-        if src_name == b"." || src_name == b".." {
-            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
+        // As the kernel's do_renameat2: '.' or '..' on either side is EBUSY (EEXIST
+        // as a destination under NOREPLACE).
+        let dot = |n: &[u8]| n == b"." || n == b"..";
+        if dot(src_name) {
+            return Err(Error::Busy("cannot rename '.' or '..'".into()));
         }
+        if dot(dst_name) {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(Error::Exists(String::from_utf8_lossy(dst_name).into_owned()));
+            }
+            return Err(Error::Busy("cannot rename over '.' or '..'".into()));
+        }
+        check_name(dst_name)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
             return Err(Error::Invalid(format!("rename flags {flags:#x}")));
         }
