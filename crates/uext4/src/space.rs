@@ -145,7 +145,8 @@ impl Filesystem {
                     }
                 }
             }
-            if let Some(size) = grow_to {
+            // The size covers what is mapped, never a range the disk had no room for.
+            if let (Some(size), true) = (grow_to, lblk > first) {
                 let reached = (lblk * bs).min(size);
                 if reached > inode.i_size {
                     inode.i_size = reached;

@@ -147,7 +147,11 @@ impl Filesystem {
             }
         }
         tx.dirty(&buf);
-        self.extent_append(tx, dir, dir_inode, nblocks, pblk, 1)?;
+        if let Err(e) = self.extent_append(tx, dir, dir_inode, nblocks, pblk, 1) {
+            // The tree is as it was (see extent::write): the block goes back.
+            self.free_blocks_range(tx, pblk, 1)?;
+            return Err(e);
+        }
         dir_inode.i_size += bs as u64;
         Ok((nblocks, buf))
     }
