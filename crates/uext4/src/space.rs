@@ -2,9 +2,14 @@
 //! zero a range) and finding data and holes (lseek SEEK_DATA / SEEK_HOLE).
 //!
 //! Preallocated blocks are unwritten extents: allocated, counted in i_blocks, and
-//! read as zeros until written. A punched range loses its blocks; its partial
-//! first and last blocks are zeroed in place. As in the kernel, unwritten extents
-//! count as holes when seeking data.
+//! read as zeros until written. A punched range loses its blocks; a zeroed range
+//! keeps them, made unwritten; the partial first and last blocks of either are
+//! zeroed in place. As in the kernel, unwritten extents count as holes when
+//! seeking data.
+//!
+//! Preallocation runs in bounded handles, each leaving the file complete; out of
+//! space part-way, what was allocated stays (as unwritten extents, i_size grown
+//! over it unless KEEP_SIZE) and the call reports ENOSPC.
 
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
@@ -232,5 +237,43 @@ impl Filesystem {
         }
         let by_i_blocks = ((1u64 << 32) - 1) / (bs / 512) * bs;
         by_extents.min(by_i_blocks)
+    }
+
+    /// The largest size of a block-mapped (ext2/3-style) file, the kernel's
+    /// s_bitmap_maxbytes: what 12 direct, one indirect, one double and one triple
+    /// indirect pointer reach, less what i_blocks (48-bit with huge_file, else
+    /// 32-bit, in sectors) can count once the map's own blocks are included.
+    pub fn max_block_mapped_size(&self) -> u64 {
+        let bs = self.geo.block_size as u64;
+        let per = bs / 4;
+        let sectors = bs / 512;
+        let i_blocks_limit = if self.geo.huge_file { (1u64 << 48) - 1 } else { ((1u64 << 32) - 1) / sectors };
+        let reach = 12 + per + per * per + per * per * per;
+        let map_blocks = 1 + (1 + per) + (1 + per + per * per);
+        let blocks = if reach + map_blocks <= i_blocks_limit {
+            reach
+        } else {
+            // Data plus the map blocks addressing it must fit in i_blocks.
+            let mut left = i_blocks_limit - 12 - per;
+            let mut map = 1;
+            if left < per * per {
+                map += 1 + left.div_ceil(per);
+            } else {
+                map += 1 + per;
+                left -= per * per;
+                map += 1 + left.div_ceil(per) + left.div_ceil(per * per);
+            }
+            i_blocks_limit - map
+        };
+        blocks * bs
+    }
+
+    /// The largest size `inode` may have: by its extent tree or its block map.
+    pub(crate) fn max_size_of(&self, inode: &crate::format::inode::Inode) -> u64 {
+        if inode.has_flag(crate::format::inode::EXT4_EXTENTS_FL) || inode.has_flag(EXT4_INLINE_DATA_FL) {
+            self.max_file_size()
+        } else {
+            self.max_block_mapped_size()
+        }
     }
 }

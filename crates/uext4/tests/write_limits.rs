@@ -553,3 +553,60 @@ fn reserved_blocks_for_root_and_empty_files_on_a_full_disk() {
     }
     assert!(m.dir.join("rootdir").is_dir() && m.dir.join("empty").is_file());
 }
+
+/// A block-mapped file (made by the kernel on an ext3 image later given the
+/// extent feature) stops where the kernel's s_bitmap_maxbytes says: truncate and
+/// write at and past it give the kernel's outcomes on a twin image.
+#[test]
+fn block_mapped_files_stop_where_the_kernel_stops() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    for block_size in ["1024", "4096"] {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.img");
+        oracle::run(
+            std::process::Command::new("mkfs.ext3").args(["-q", "-F", "-b", block_size]).arg(&image).arg("64M"),
+        );
+        {
+            let m = oracle::Mount::new(&image, "");
+            for name in ["t", "w"] {
+                std::fs::write(m.dir.join(name), b"block-mapped").unwrap();
+            }
+        }
+        oracle::run(std::process::Command::new("tune2fs").args(["-O", "extent"]).arg(&image));
+        let twin = dir.path().join("twin.img");
+        std::fs::copy(&image, &twin).unwrap();
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let max = fs.max_block_mapped_size();
+        // (Shrinking a block-mapped file is not written yet: only growth is tried.)
+        let sizes = [max + 1, 17 << 40, max];
+        let mut ours: Vec<(String, Outcome)> = Vec::new();
+        {
+            let (t, w) = (fs.lookup_path(b"/t").unwrap(), fs.lookup_path(b"/w").unwrap());
+            for size in sizes {
+                let attr = uext4::SetAttr { size: Some(size), ..Default::default() };
+                ours.push((format!("truncate to {size}"), lib_outcome(fs.setattr(t, &attr), |s| s.size)));
+            }
+            ours.push(("pwrite at the limit".into(), lib_outcome(fs.write(w, max, b"x"), |&n| n as u64)));
+        }
+        drop(fs);
+        let mut theirs: Vec<(String, Outcome)> = Vec::new();
+        {
+            use std::os::fd::AsRawFd;
+            let m = oracle::Mount::new(&twin, "");
+            let open = |n: &str| std::fs::OpenOptions::new().write(true).open(m.dir.join(n)).unwrap();
+            let (t, w) = (open("t"), open("w"));
+            for size in sizes {
+                // SAFETY: ftruncate on an open descriptor.
+                let rc = unsafe { libc::ftruncate(t.as_raw_fd(), size as i64) } as i64;
+                theirs.push((format!("truncate to {size}"), sys_outcome(rc).map(|_| size)));
+            }
+            // SAFETY: a one-byte buffer valid for the call.
+            let rc = unsafe { libc::pwrite(w.as_raw_fd(), b"x".as_ptr() as *const libc::c_void, 1, max as i64) };
+            theirs.push(("pwrite at the limit".into(), sys_outcome(rc as i64)));
+        }
+        assert_eq!(ours, theirs, "{block_size}-byte blocks: uext4 and the kernel differ for block-mapped files");
+        oracle::assert_e2fsck_clean(&image);
+    }
+}

@@ -2,10 +2,17 @@
 //!
 //! Inserting an extent follows the path from the root to the leaf for its logical
 //! block; a new range merges with the extent before or after it when it continues
-//! it (up to 32,768 blocks), else goes in sorted. A full node splits in half and
-//! its upper half is indexed in the parent; a full root moves its entries into a new
-//! node and indexes it, adding a level (up to the kernel's limit of 5). Truncation
-//! collects the extents that remain and rebuilds the tree from them.
+//! it (up to 32,768 blocks), else goes in sorted. A full node splits (in half, or
+//! for an append at the right edge by moving only the new entry) and the new node
+//! is indexed in the parent; a full root moves its entries into a new node and
+//! indexes it, adding a level (up to the kernel's limit of 5). Truncation, punching
+//! and unwritten-state changes collect the extents that remain and rebuild the tree
+//! from them, reusing the old tree's blocks.
+//!
+//! Invariant: a change takes every block it needs before it writes anything, so
+//! a failure (ENOSPC, maximum depth) leaves the tree as it was and never an inode
+//! pointing at freed nodes; data blocks are freed only once the tree no longer
+//! maps them.
 
 use crate::error::{Error, Result};
 use crate::format::extent::{self as fext, Extent, ExtentHeader, ExtentIndex, ExtentNode, EXT4_EXT_MAGIC};

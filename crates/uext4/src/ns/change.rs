@@ -348,7 +348,7 @@ impl Filesystem {
         if !inode.is_reg() {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
-        let max = self.max_file_size();
+        let max = self.max_size_of(&inode);
         if offset >= max {
             return Err(Error::FileTooLarge(format!(
                 "write at byte {offset} of inode {ino}: the largest file is {max} bytes"
@@ -485,10 +485,10 @@ impl Filesystem {
             if !inode.is_reg() {
                 return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
             }
-            if size > self.max_file_size() {
+            let max = self.max_size_of(&inode);
+            if size > max {
                 return Err(Error::FileTooLarge(format!(
-                    "size {size} for inode {ino}: the largest file is {} bytes",
-                    self.max_file_size()
+                    "size {size} for inode {ino}: the largest file is {max} bytes"
                 )));
             }
         }
