@@ -531,9 +531,11 @@ fn reserved_blocks_for_root_and_empty_files_on_a_full_disk() {
             };
             assert!(matches!(err, Error::NoSpace(_)), "mkdir by a user on a full disk: {err}");
             assert_eq!(fs.free_blocks(), reserved, "a user stopped short of the reserve or dipped into it");
-            // No block needed: the name fits in the root directory.
-            fs.create(ROOT_INO, b"empty", 0o644, user).unwrap();
+            // No block needed: the names fit in the root directory.
+            let empty = fs.create(ROOT_INO, b"empty0", 0o644, user).unwrap().ino;
             fs.symlink(ROOT_INO, b"short-link", b"empty", user).unwrap();
+            fs.link(empty, ROOT_INO, b"empty-link").unwrap();
+            fs.rename(ROOT_INO, b"empty0", ROOT_INO, b"empty", 0).unwrap();
         }
         {
             let _as = fs.acting_as(ROOT);
@@ -551,7 +553,8 @@ fn reserved_blocks_for_root_and_empty_files_on_a_full_disk() {
     for (name, data) in &written {
         assert!(&std::fs::read(m.dir.join(name)).unwrap() == data, "the kernel reads {name} differently");
     }
-    assert!(m.dir.join("rootdir").is_dir() && m.dir.join("empty").is_file());
+    assert!(m.dir.join("rootdir").is_dir() && m.dir.join("empty").is_file() && m.dir.join("empty-link").is_file());
+    assert!(!m.dir.join("empty0").exists());
 }
 
 /// A block-mapped file (made by the kernel on an ext3 image later given the

@@ -113,18 +113,7 @@ impl Filesystem {
         // the new inode's after it is safe: nobody can hold the lock of an inode
         // that was free a moment ago while waiting to begin a handle.
         let _parent_lock = self.inode_locks.lock(parent as u64);
-        // Room for the name's worst case; on a nearly full disk, only for what it
-        // needs: an empty file whose name fits in the directory takes no block.
-        if self.ensure_space(NAME_SPACE_BLOCKS + init_blocks).is_err() {
-            let parent_inode = self.inode(parent)?;
-            let needed = match self.entry_needs_block(parent, &parent_inode, name)? {
-                true => NAME_SPACE_BLOCKS + init_blocks,
-                false => init_blocks,
-            };
-            if needed > 0 {
-                self.ensure_space(needed)?;
-            }
-        }
+        self.ensure_space_for_name(parent, name, init_blocks)?;
         let mut tx = self.begin(8)?;
         let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
         let _inode_lock = self.inode_locks.lock(ino as u64);
@@ -141,6 +130,25 @@ impl Filesystem {
         self.write_inode(&mut tx, parent, &dir)?;
         tx.finish()?;
         self.stat(ino)
+    }
+
+    /// Refuses, before any change, a new `name` in `dir` plus `blocks` more that the
+    /// disk cannot hold: the name's worst case while space is plentiful; on a
+    /// nearly full disk only what it needs (nothing when it fits in the directory
+    /// as it is, so an empty file can still be made, as with the kernel).
+    pub(crate) fn ensure_space_for_name(&self, dir: u32, name: &[u8], blocks: u64) -> Result<()> {
+        if self.ensure_space(NAME_SPACE_BLOCKS + blocks).is_ok() {
+            return Ok(());
+        }
+        let dir_inode = self.inode(dir)?;
+        let needed = match self.entry_needs_block(dir, &dir_inode, name)? {
+            true => NAME_SPACE_BLOCKS + blocks,
+            false => blocks,
+        };
+        if needed > 0 {
+            self.ensure_space(needed)?;
+        }
+        Ok(())
     }
 
     /// Creates an empty regular file.
@@ -245,8 +253,8 @@ impl Filesystem {
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
+        self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
-        self.ensure_space(NAME_SPACE_BLOCKS)?;
         self.uninline(&mut tx, parent)?;
         let parent_inode = self.inode(parent)?;
         let mut dir =

@@ -119,8 +119,19 @@ impl Filesystem {
         keys.extend(dst.map(|d| d as u64));
         let _inode_locks = self.inode_locks.lock_many(&keys);
 
+        // Only a new name can need a block (an existing one is repointed in place),
+        // unless an inline directory must first move to a block.
+        let dirs = [src_dir, dst_dir].into_iter().chain(src_is_dir.then_some(src)).chain(dst.filter(|_| dst_is_dir));
+        let mut inline = false;
+        for ino in dirs {
+            inline |= self.inode(ino)?.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL);
+        }
+        if inline {
+            self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
+        } else if dst.is_none() {
+            self.ensure_space_for_name(dst_dir, dst_name, 0)?;
+        }
         let mut tx = self.begin(24)?;
-        self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
         // Inline directories become block directories before their entries change.
         for ino in [src_dir, dst_dir].into_iter().chain(src_is_dir.then_some(src)).chain(dst.filter(|_| dst_is_dir)) {
             self.uninline(&mut tx, ino)?;
