@@ -2,9 +2,11 @@
 //!
 //! Keeps modes, owners, access and modification times (with nanoseconds),
 //! symlinks, hard links (by host device and inode), fifos and device nodes, and
-//! extended attributes; file data streams in 1 MiB pieces, and all-zero 4 KiB
-//! pieces are left as holes. Sockets are skipped with a warning, as tar does.
-//! Every source and the destination are checked before anything is copied.
+//! extended attributes; file data streams in 1 MiB pieces, the host file's holes
+//! (SEEK_DATA/SEEK_HOLE) and all-zero 4 KiB pieces are left as holes. A file
+//! larger than the image's largest file is refused before its name is made.
+//! Sockets are skipped with a warning, as tar does. Every source and the
+//! destination are checked before anything is copied.
 
 use crate::show::{escape, host_reason, CliResult, Context, Failure};
 use crate::target::{check_then_apply, dir_behind, resolve, Pass, Target};
@@ -101,6 +103,15 @@ impl Importer<'_> {
             let target = std::fs::read_link(src).map_err(|e| host_error(src, e))?;
             self.fs.symlink(parent, name, target.as_os_str().as_bytes(), owner)?.ino
         } else if ft.is_file() {
+            // Refused before the name exists: nothing half-copied stays behind.
+            if md.len() > self.fs.max_file_size() {
+                return Err(Error::FileTooLarge(format!(
+                    "{} is {} bytes; the largest file this image can hold is {} bytes",
+                    src.display(),
+                    md.len(),
+                    self.fs.max_file_size()
+                )));
+            }
             let ino = self.fs.create(parent, name, perm, owner)?.ino;
             self.copy_data(src, ino, md.len())?;
             ino
@@ -148,36 +159,74 @@ impl Importer<'_> {
         let mut buf = vec![0u8; 1 << 20];
         let mut off = 0u64;
         while off < len {
-            let n = f.read_at(&mut buf, off).map_err(|e| host_error(src, e))?;
-            if n == 0 {
+            // The host's holes are skipped whole (a sparse file of terabytes is
+            // not read as zeros); a host without SEEK_DATA reads everything.
+            let Some((data, hole)) = next_data(&f, off, len).map_err(|e| host_error(src, e))? else { break };
+            off = data;
+            while off < hole {
+                let want = ((hole - off) as usize).min(buf.len());
+                let n = f.read_at(&mut buf[..want], off).map_err(|e| host_error(src, e))?;
+                if n == 0 {
+                    break;
+                }
+                self.copy_piece(src, ino, off, &buf[..n])?;
+                off += n as u64;
+                self.bytes += n as u64;
+            }
+            if off < hole {
                 break;
             }
-            // Runs of 4 KiB pieces holding data go in one write each; zero pieces stay holes.
-            let pieces: Vec<bool> = buf[..n].chunks(4096).map(|p| p.iter().any(|&b| b != 0)).collect();
-            let mut i = 0;
-            while i < pieces.len() {
-                if !pieces[i] {
-                    i += 1;
-                    continue;
-                }
-                let start = i;
-                while i < pieces.len() && pieces[i] {
-                    i += 1;
-                }
-                let run = &buf[start * 4096..(i * 4096).min(n)];
-                if self.fs.write(ino, off + (start * 4096) as u64, run)? != run.len() {
-                    return Err(Error::NoSpace(format!("image is full while copying {}", src.display())));
-                }
-            }
-            off += n as u64;
-            self.bytes += n as u64;
         }
         // Trailing zeros stay a hole: only the size moves.
-        if self.fs.stat(ino)?.size < off {
-            self.fs.setattr(ino, &SetAttr { size: Some(off), ..Default::default() })?;
+        if self.fs.stat(ino)?.size < len {
+            self.fs.setattr(ino, &SetAttr { size: Some(len), ..Default::default() })?;
         }
         Ok(())
     }
+
+    /// Writes `buf` (read from `off`): runs of 4 KiB pieces holding data go in one
+    /// write each; zero pieces stay holes.
+    fn copy_piece(&mut self, src: &Path, ino: u32, off: u64, buf: &[u8]) -> Result<()> {
+        let pieces: Vec<bool> = buf.chunks(4096).map(|p| p.iter().any(|&b| b != 0)).collect();
+        let mut i = 0;
+        while i < pieces.len() {
+            if !pieces[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < pieces.len() && pieces[i] {
+                i += 1;
+            }
+            let run = &buf[start * 4096..(i * 4096).min(buf.len())];
+            if self.fs.write(ino, off + (start * 4096) as u64, run)? != run.len() {
+                return Err(Error::NoSpace(format!("image is full while copying {}", src.display())));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The next stretch of `f` that may hold data at or after `off`: (start, end),
+/// or None when only a hole remains before `len`.
+fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: lseek on an open descriptor.
+    let data = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, libc::SEEK_DATA) };
+    if data < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(Some((off, len))),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(f.as_raw_fd(), data, libc::SEEK_HOLE) };
+    if hole < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Some((data as u64, (hole as u64).min(len))))
 }
 
 /// cp's rule for the destination: into an existing directory under each source's
@@ -248,6 +297,10 @@ fn copy_in_pass(
     if pass == Pass::Check {
         return Ok(());
     }
+    // The copy acts with the caller's own credentials (root may use the reserved
+    // blocks), not those of the files' owners.
+    // SAFETY: geteuid and getegid have no preconditions.
+    let _caller = fs.acting_as(unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } });
     let mut im = Importer {
         fs,
         recursive,

@@ -124,3 +124,46 @@ fn walkdir_count(p: &Path) -> usize {
     }
     n
 }
+
+/// A sparse host file larger than the image's largest file (1 KiB blocks: 2^32 - 1
+/// KiB) is refused with a message saying so and leaves no name behind; one just
+/// under the limit copies in (its holes skipped, not read) and the kernel reads
+/// its last bytes.
+#[test]
+fn a_sparse_file_past_the_largest_file_size_is_refused_whole() {
+    if unsafe { libc::geteuid() } != 0 && skip("loop mounts need root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "1024"]).arg(&image).arg("64M"));
+    let max = ((1u64 << 32) - 1) * 1024;
+    let (big, near) = (dir.path().join("big"), dir.path().join("near"));
+    for (path, size) in [(&big, 5u64 << 40), (&near, max)] {
+        let f = std::fs::File::create(path).unwrap();
+        f.set_len(size).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"the end", size - 7).unwrap();
+    }
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    let out = Command::new(bin).arg("cp").arg(&big).arg(format!("{}:/big", image.display())).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "cp of a 5 TiB file exited 0");
+    assert!(err.contains("largest file"), "unclear message: {err}");
+    run(Command::new(bin).arg("cp").arg(&near).arg(format!("{}:/near", image.display())));
+    let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
+    assert!(
+        fsck.lines()
+            .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
+        "{fsck}"
+    );
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
+    let _guard = Mount(mnt.clone());
+    assert!(!mnt.join("big").exists(), "the refused copy left a name behind");
+    let f = std::fs::File::open(mnt.join("near")).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), max);
+    let mut tail = [0u8; 7];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut tail, max - 7).unwrap();
+    assert_eq!(&tail, b"the end");
+}

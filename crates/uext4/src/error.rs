@@ -35,8 +35,16 @@ pub enum Error {
     FileTooLarge(String),
     /// An operation POSIX forbids outright, such as a hard link to a directory (EPERM).
     NotPermitted(String),
-    /// The image is in use by someone else: a uext4 mount, the kernel (EBUSY).
+    /// The image is in use by someone else: a uext4 mount, the kernel (EBUSY); or
+    /// a rename of '.' or '..'.
     Busy(String),
+    /// A name or value past a fixed limit, such as an xattr name over 255 bytes (ERANGE).
+    OutOfRange(String),
+    /// An operation the inode's kind has no notion of, such as fallocate on a
+    /// device node (ENODEV).
+    NoDevice(String),
+    /// Space operations on a pipe (ESPIPE).
+    NotSeekable(String),
     /// A caller's argument that makes no sense (a bad size, bad flags, ...).
     Invalid(String),
     /// A write on a filesystem opened read-only.
@@ -73,6 +81,9 @@ impl Error {
             Error::FileTooLarge(_) => 27,    // EFBIG
             Error::NotPermitted(_) => 1,     // EPERM
             Error::Busy(_) => 16,            // EBUSY
+            Error::OutOfRange(_) => 34,      // ERANGE
+            Error::NoDevice(_) => 19,        // ENODEV
+            Error::NotSeekable(_) => 29,     // ESPIPE
             Error::Invalid(_) => 22,         // EINVAL
             Error::ReadOnly(_) => 30,        // EROFS
             Error::Io(e) => e.raw_os_error().unwrap_or(5),
@@ -99,6 +110,9 @@ impl fmt::Display for Error {
             Error::FileTooLarge(s) => write!(f, "file too large: {s}"),
             Error::NotPermitted(s) => write!(f, "operation not permitted: {s}"),
             Error::Busy(s) => write!(f, "in use: {s}"),
+            Error::OutOfRange(s) => write!(f, "out of range: {s}"),
+            Error::NoDevice(s) => write!(f, "not supported by this kind of inode: {s}"),
+            Error::NotSeekable(s) => write!(f, "a pipe: {s}"),
             Error::Invalid(s) => write!(f, "invalid: {s}"),
             Error::ReadOnly(s) => write!(f, "read-only: {s}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),

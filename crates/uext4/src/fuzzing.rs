@@ -289,11 +289,13 @@ impl Walker<'_> {
             path.extend_from_slice(b"/.");
             for q in [&p, &path] {
                 match self.fs.lookup_path(q) {
-                    // Missing targets and loops are ordinary answers for a symlink.
+                    // Missing targets, loops and over-long components (ENAMETOOLONG,
+                    // as the kernel) are ordinary answers for a symlink.
                     Ok(_)
                     | Err(Error::NotFound(_))
                     | Err(Error::NotADirectory(_))
                     | Err(Error::SymlinkLoop(_))
+                    | Err(Error::NameTooLong(_))
                     | Err(Error::Invalid(_)) => {}
                     Err(e) => self.report.note("lookup_path", &e),
                 }

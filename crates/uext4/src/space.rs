@@ -2,9 +2,14 @@
 //! zero a range) and finding data and holes (lseek SEEK_DATA / SEEK_HOLE).
 //!
 //! Preallocated blocks are unwritten extents: allocated, counted in i_blocks, and
-//! read as zeros until written. A punched range loses its blocks; its partial
-//! first and last blocks are zeroed in place. As in the kernel, unwritten extents
-//! count as holes when seeking data.
+//! read as zeros until written. A punched range loses its blocks; a zeroed range
+//! keeps them, made unwritten; the partial first and last blocks of either are
+//! zeroed in place. As in the kernel, unwritten extents count as holes when
+//! seeking data.
+//!
+//! Preallocation runs in bounded handles, each leaving the file complete; out of
+//! space part-way, what was allocated stays (as unwritten extents, i_size grown
+//! over it unless KEEP_SIZE) and the call reports ENOSPC.
 
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
@@ -19,6 +24,9 @@ pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 
 /// Headroom for tree nodes and bitmaps on top of the data blocks themselves.
 const TREE_SPACE_BLOCKS: u64 = 16;
+/// Extents preallocated per transaction handle (bounds a handle's size, as the
+/// kernel's fallocate bounds each of its handles).
+const EXTENTS_PER_HANDLE: usize = 256;
 
 impl Filesystem {
     /// fallocate(2) on a regular file: `mode` 0 preallocates [offset, offset + len)
@@ -38,13 +46,22 @@ impl Filesystem {
         if len == 0 {
             return Err(Error::Invalid("fallocate of 0 bytes".into()));
         }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= self.max_file_size())
-            .ok_or_else(|| Error::Invalid(format!("fallocate range {offset}+{len} is beyond the largest file size")))?;
+        let end = offset.checked_add(len).filter(|&e| e <= self.max_file_size()).ok_or_else(|| {
+            Error::FileTooLarge(format!(
+                "fallocate range {offset}+{len} ends past the largest file size, {}",
+                self.max_file_size()
+            ))
+        })?;
         let _lock = self.inode_locks.lock(ino as u64);
-        if !self.inode(ino)?.is_reg() {
-            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        let inode = self.inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory(format!("fallocate on directory inode {ino}")));
+        }
+        if inode.file_type() == crate::format::inode::S_IFIFO {
+            return Err(Error::NotSeekable(format!("fallocate on fifo inode {ino}")));
+        }
+        if !inode.is_reg() {
+            return Err(Error::NoDevice(format!("fallocate on inode {ino}, which is not a regular file")));
         }
         let bs = self.geo.block_size as u64;
         let (first_block, end_block) = (offset / bs, end.div_ceil(bs));
@@ -52,6 +69,7 @@ impl Filesystem {
         if !punch {
             self.ensure_space(to_allocate + TREE_SPACE_BLOCKS)?;
         }
+        let grows = !punch && mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.i_size;
         let mut tx = self.begin(32)?;
         self.uninline(&mut tx, ino)?;
         let mut inode = (*self.inode(ino)?).clone();
@@ -68,22 +86,25 @@ impl Filesystem {
                 }
             }
             if whole_first < whole_end {
-                self.extent_punch(&mut tx, ino, &mut inode, whole_first, whole_end)?;
-            }
-        }
-        if !punch {
-            self.preallocate(&mut tx, ino, &mut inode, first_block, end_block)?;
-            if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.i_size {
-                inode.i_size = end;
+                if punch {
+                    self.extent_punch(&mut tx, ino, &mut inode, whole_first, whole_end)?;
+                } else {
+                    // Zeroing keeps the blocks: they become unwritten in place.
+                    self.extent_mark_unwritten(&mut tx, ino, &mut inode, whole_first, whole_end)?;
+                }
             }
         }
         let t = now();
         inode.i_ctime = t;
-        if punch || zero || end > inode.i_size {
+        if punch || zero || grows {
             inode.i_mtime = t;
         }
         self.write_inode(&mut tx, ino, &inode)?;
-        tx.finish()
+        tx.finish()?;
+        if punch {
+            return Ok(());
+        }
+        self.preallocate(ino, first_block, end_block, if grows { Some(end) } else { None })
     }
 
     /// Blocks in [first, end) with nothing mapped.
@@ -104,34 +125,79 @@ impl Filesystem {
         Ok(holes)
     }
 
-    /// Fills every hole in [first, end) with unwritten extents.
-    fn preallocate(
+    /// Fills every hole in [first, end) with unwritten extents, as the kernel does:
+    /// in handles of a bounded number of extents, each of which leaves the file
+    /// complete (its extents in the tree, its i_size grown towards `grow_to` as far
+    /// as the allocation got). Running out of space part-way keeps what was
+    /// allocated and reports ENOSPC; nothing is left half-inserted or unowned.
+    fn preallocate(&self, ino: u32, first: u64, end: u64, grow_to: Option<u64>) -> Result<()> {
+        let bs = self.geo.block_size as u64;
+        let mut lblk = first;
+        let mut goal = self.inode_goal(ino);
+        while lblk < end {
+            let mut tx = self.begin(32)?;
+            let mut inode = (*self.inode(ino)?).clone();
+            let mut outcome = Ok(());
+            for _ in 0..EXTENTS_PER_HANDLE {
+                if lblk >= end {
+                    break;
+                }
+                match self.preallocate_one(&mut tx, ino, &mut inode, lblk, end, &mut goal) {
+                    Ok(next) => lblk = next,
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+            // The size covers what is mapped, never a range the disk had no room for.
+            if let (Some(size), true) = (grow_to, lblk > first) {
+                let reached = (lblk * bs).min(size);
+                if reached > inode.i_size {
+                    inode.i_size = reached;
+                }
+            }
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
+            outcome?;
+        }
+        Ok(())
+    }
+
+    /// Maps the run at `lblk` (up to `end`): skips it when mapped, else allocates
+    /// and inserts one unwritten extent for as much of the hole as one allocation
+    /// gives. Returns the next logical block to look at.
+    fn preallocate_one(
         &self,
         tx: &mut crate::journal::handle::Handle,
         ino: u32,
         inode: &mut crate::format::inode::Inode,
-        first: u64,
+        lblk: u64,
         end: u64,
-    ) -> Result<()> {
-        let mut lblk = first;
-        let mut goal = self.inode_goal(ino);
-        while lblk < end {
-            let m = self.map_blocks(ino, inode, lblk, end - lblk)?;
-            match m.kind {
-                MapKind::Mapped(p) | MapKind::Unwritten(p) => {
-                    goal = p + m.len;
-                    lblk += m.len;
-                }
-                MapKind::Hole => {
-                    let want = m.len.min(crate::format::extent::EXT_UNWRITTEN_MAX_LEN as u64) as u32;
-                    let (p, got) = self.alloc_blocks(tx, goal, want)?;
-                    self.extent_append_unwritten(tx, ino, inode, lblk, p, got)?;
-                    goal = p + got as u64;
-                    lblk += got as u64;
-                }
-            }
+        goal: &mut u64,
+    ) -> Result<u64> {
+        let m = self.map_blocks(ino, inode, lblk, end - lblk)?;
+        if let MapKind::Mapped(p) | MapKind::Unwritten(p) = m.kind {
+            *goal = p + m.len;
+            return Ok(lblk + m.len);
         }
-        Ok(())
+        // Room for the extent's own tree growth stays free: a split at every level
+        // and a new root level.
+        let depth = crate::format::extent::ExtentHeader::parse(&inode.i_block).eh_depth as u64;
+        let tree_worst = depth + 2;
+        let spare = self.allocatable_blocks().saturating_sub(self.reserved_blocks() + tree_worst);
+        if spare == 0 {
+            return Err(Error::NoSpace(format!("preallocating inode {ino}: the disk filled at logical block {lblk}")));
+        }
+        let want = m.len.min(crate::format::extent::EXT_UNWRITTEN_MAX_LEN as u64).min(spare) as u32;
+        let (p, got) = self.alloc_blocks(tx, *goal, want)?;
+        if let Err(e) = self.extent_append_unwritten(tx, ino, inode, lblk, p, got) {
+            // The tree is as it was: the data blocks go back.
+            self.free_blocks_range(tx, p, got as u64)?;
+            return Err(e);
+        }
+        *goal = p + got as u64;
+        Ok(lblk + got as u64)
     }
 
     /// lseek(2)'s SEEK_DATA (`data`) or SEEK_HOLE from `offset`: the offset found,
@@ -159,8 +225,55 @@ impl Filesystem {
         Ok(if data { None } else { Some(inode.i_size) })
     }
 
-    /// The largest file an extent-mapped inode can have: 2^32 blocks.
-    fn max_file_size(&self) -> u64 {
-        (1u64 << 32) * self.geo.block_size as u64
+    /// The largest file size, the kernel's s_maxbytes: 2^32 - 1 blocks (the
+    /// last logical block must stay addressable by a 32-bit ee_block with room for
+    /// its length), and without huge_file no more than a 32-bit i_blocks of
+    /// 512-byte sectors can count.
+    pub fn max_file_size(&self) -> u64 {
+        let bs = self.geo.block_size as u64;
+        let by_extents = ((1u64 << 32) - 1) * bs;
+        if self.geo.huge_file {
+            return by_extents;
+        }
+        let by_i_blocks = ((1u64 << 32) - 1) / (bs / 512) * bs;
+        by_extents.min(by_i_blocks)
+    }
+
+    /// The largest size of a block-mapped (ext2/3-style) file, the kernel's
+    /// s_bitmap_maxbytes: what 12 direct, one indirect, one double and one triple
+    /// indirect pointer reach, less what i_blocks (48-bit with huge_file, else
+    /// 32-bit, in sectors) can count once the map's own blocks are included.
+    pub fn max_block_mapped_size(&self) -> u64 {
+        let bs = self.geo.block_size as u64;
+        let per = bs / 4;
+        let sectors = bs / 512;
+        let i_blocks_limit = if self.geo.huge_file { (1u64 << 48) - 1 } else { ((1u64 << 32) - 1) / sectors };
+        let reach = 12 + per + per * per + per * per * per;
+        let map_blocks = 1 + (1 + per) + (1 + per + per * per);
+        let blocks = if reach + map_blocks <= i_blocks_limit {
+            reach
+        } else {
+            // Data plus the map blocks addressing it must fit in i_blocks.
+            let mut left = i_blocks_limit - 12 - per;
+            let mut map = 1;
+            if left < per * per {
+                map += 1 + left.div_ceil(per);
+            } else {
+                map += 1 + per;
+                left -= per * per;
+                map += 1 + left.div_ceil(per) + left.div_ceil(per * per);
+            }
+            i_blocks_limit - map
+        };
+        blocks * bs
+    }
+
+    /// The largest size `inode` may have: by its extent tree or its block map.
+    pub(crate) fn max_size_of(&self, inode: &crate::format::inode::Inode) -> u64 {
+        if inode.has_flag(crate::format::inode::EXT4_EXTENTS_FL) || inode.has_flag(EXT4_INLINE_DATA_FL) {
+            self.max_file_size()
+        } else {
+            self.max_block_mapped_size()
+        }
     }
 }

@@ -128,8 +128,8 @@ impl Filesystem {
     pub fn set_xattr(&self, ino: u32, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let (index, suffix) = xattr::split_name(name)
             .ok_or_else(|| Error::unsupported(format!("xattr namespace of {}", String::from_utf8_lossy(name))))?;
-        if suffix.len() > 255 {
-            return Err(Error::Invalid("xattr name longer than 255 bytes".into()));
+        if name.len() > 255 || suffix.len() > 255 {
+            return Err(Error::OutOfRange(format!("xattr name of {} bytes is longer than 255", name.len())));
         }
         if index == INDEX_POSIX_ACL_ACCESS {
             // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one

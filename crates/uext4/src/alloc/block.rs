@@ -4,7 +4,7 @@
 //! append, near its inode otherwise) and takes the free run there (or the next one)
 //! up to the request, then moves on group by group. Runs come from each group's
 //! free-run map (`FreeRuns`), so no allocation walks the bitmap bit by bit. The reserved blocks
-//! (s_r_blocks_count) are never handed out.
+//! (s_r_blocks_count) go only to a privileged caller (see `alloc`).
 
 use crate::cache::Buffer;
 use crate::error::{Error, Result};
@@ -102,7 +102,7 @@ impl Filesystem {
 
     /// Allocates up to `max_len` contiguous blocks (at least one) near `goal`.
     pub fn alloc_blocks(&self, tx: &mut Handle, goal: u64, max_len: u32) -> Result<(u64, u32)> {
-        let reserved = self.sb.read().s_r_blocks_count;
+        let reserved = self.reserved_blocks();
         let free = self.allocatable_blocks();
         if free <= reserved {
             return Err(Error::NoSpace(format!("{free} free blocks, {reserved} reserved")));

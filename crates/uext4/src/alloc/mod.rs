@@ -6,12 +6,35 @@
 //! counts are kept in atomics and written to the superblock at sync. Groups still
 //! marked BLOCK_UNINIT or INODE_UNINIT get their bitmaps built on first use, as the
 //! kernel does.
+//!
+//! The reserved blocks (s_r_blocks_count) go only to a privileged caller, as the
+//! kernel's ext4_has_free_clusters decides: uid 0, s_def_resuid, or a member of a
+//! non-root s_def_resgid. Who is calling is per thread (`Filesystem::acting_as`);
+//! a thread that never said counts as unprivileged.
 
 pub mod block;
 pub mod inode;
 
 use crate::fs::Filesystem;
+use crate::ns::change::Owner;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+thread_local! {
+    /// The credentials the library's calls on this thread act with.
+    static CALLER: Cell<Option<Owner>> = const { Cell::new(None) };
+}
+
+/// While alive, the calling thread acts as one user (see `Filesystem::acting_as`).
+pub struct ActingAs {
+    before: Option<Owner>,
+}
+
+impl Drop for ActingAs {
+    fn drop(&mut self) {
+        CALLER.with(|c| c.set(self.before));
+    }
+}
 
 pub use inode::{InodePolicy, MainlinePolicy};
 
@@ -118,6 +141,32 @@ impl Filesystem {
     pub(crate) fn allocatable_blocks(&self) -> u64 {
         let pending = self.journal.as_ref().map_or(0, |j| j.pending_free_blocks.load(Ordering::Relaxed));
         self.free_blocks().saturating_sub(pending)
+    }
+
+    /// Makes the calling thread act as `who` until the guard drops: a privileged
+    /// caller may take the reserved blocks. Operations that create an inode act as
+    /// its owner for their own duration.
+    pub fn acting_as(&self, who: Owner) -> ActingAs {
+        ActingAs { before: CALLER.with(|c| c.replace(Some(who))) }
+    }
+
+    /// Acts as `who` only when the calling thread has not said who it is.
+    pub(crate) fn acting_as_unless_set(&self, who: Owner) -> Option<ActingAs> {
+        CALLER.with(|c| c.get()).is_none().then(|| self.acting_as(who))
+    }
+
+    /// Whether `who` may take the reserved blocks.
+    pub fn may_use_reserved(&self, who: Owner) -> bool {
+        let sb = self.sb.read();
+        who.uid == 0 || who.uid == sb.s_def_resuid as u32 || (sb.s_def_resgid != 0 && who.gid == sb.s_def_resgid as u32)
+    }
+
+    /// Blocks the current caller may not take: the reserved ones, unless it is privileged.
+    pub(crate) fn reserved_blocks(&self) -> u64 {
+        match CALLER.with(|c| c.get()) {
+            Some(who) if self.may_use_reserved(who) => 0,
+            _ => self.sb.read().s_r_blocks_count,
+        }
     }
 
     pub fn free_inodes(&self) -> u64 {

@@ -59,6 +59,45 @@ impl Filesystem {
         Ok(dir_inode)
     }
 
+    /// Whether adding `name` to `dir` would take a new block: false when a block
+    /// it may go in has room (an indexed directory's leaf for its hash, any block of
+    /// a linear one). Inline directories answer true. Read-only.
+    pub(crate) fn entry_needs_block(&self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<bool> {
+        if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Ok(true);
+        }
+        let need = dirent::rec_len_for(name.len());
+        let blocks = if self.is_indexed(dir_inode) {
+            let leaf = self.dx_leaf_for(dir, dir_inode, name)?;
+            leaf..leaf + 1
+        } else {
+            0..self.dir_blocks(dir, dir_inode)?
+        };
+        for lblk in blocks {
+            let buf = self.dir_block(dir, dir_inode, lblk)?;
+            if self.slot_for(&buf.read(), dir, lblk, need)?.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The first entry of a directory block with `need` bytes to spare after its
+    /// own name: (offset, rec_len, bytes it uses).
+    fn slot_for(&self, data: &[u8], dir: u32, lblk: u64, need: usize) -> Result<Option<(usize, usize, usize)>> {
+        let bs = self.geo.block_size;
+        let tail = self.tail_len();
+        let location = format!("directory inode {dir} block {lblk}");
+        for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location) {
+            let e = e?;
+            let used = if e.inode == 0 { 0 } else { dirent::rec_len_for(e.name.len()) };
+            if e.rec_len - used >= need {
+                return Ok(Some((e.offset, e.rec_len, used)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Puts the entry into block `lblk` if some entry there has room to spare.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert_in_block(
@@ -73,20 +112,9 @@ impl Filesystem {
     ) -> Result<bool> {
         let bs = self.geo.block_size;
         let need = dirent::rec_len_for(name.len());
-        let tail = self.tail_len();
         let buf = self.dir_block(dir, dir_inode, lblk)?;
         let mut data = buf.write();
-        let location = format!("directory inode {dir} block {lblk}");
-        let mut slot = None;
-        for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location) {
-            let e = e?;
-            let used = if e.inode == 0 { 0 } else { dirent::rec_len_for(e.name.len()) };
-            if e.rec_len - used >= need {
-                slot = Some((e.offset, e.rec_len, used));
-                break;
-            }
-        }
-        let Some((off, rec_len, used)) = slot else { return Ok(false) };
+        let Some((off, rec_len, used)) = self.slot_for(&data, dir, lblk, need)? else { return Ok(false) };
         if used > 0 {
             // Shrink the existing entry to its own size and put ours after it.
             data[off + 4..off + 6].copy_from_slice(&dirent::rec_len_to_disk(used, bs).to_le_bytes());
@@ -119,7 +147,11 @@ impl Filesystem {
             }
         }
         tx.dirty(&buf);
-        self.extent_append(tx, dir, dir_inode, nblocks, pblk, 1)?;
+        if let Err(e) = self.extent_append(tx, dir, dir_inode, nblocks, pblk, 1) {
+            // The tree is as it was (see extent::write): the block goes back.
+            self.free_blocks_range(tx, pblk, 1)?;
+            return Err(e);
+        }
         dir_inode.i_size += bs as u64;
         Ok((nblocks, buf))
     }

@@ -75,6 +75,19 @@ impl Filesystem {
         Ok((info.hash_version, info.indirect_levels, frames))
     }
 
+    /// The leaf block `name` belongs in.
+    pub(crate) fn dx_leaf_for(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u64> {
+        let root_version = {
+            let root = self.dir_block(dir, inode, 0)?;
+            let v = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
+            v
+        };
+        let hash = self.dx_hash_of(root_version, name)?;
+        let (_, _, frames) = self.dx_frames(dir, inode, hash)?;
+        let f = frames.last().expect("an htree has a root frame");
+        Ok(f.entries[f.at].block as u64)
+    }
+
     /// Writes a frame's entries back to its block (creating the node header for a new block).
     fn write_frame(&self, tx: &mut Handle, dir: u32, inode: &Inode, f: &Frame, buf: &Arc<Buffer>) -> Result<()> {
         let bs = self.geo.block_size;

@@ -154,6 +154,11 @@ impl Filesystem {
     /// Finds `name` in directory `dir`; Ok(None) if absent.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let inode = self.require_dir(dir)?;
+        // As the kernel's ext4_lookup: no such name can exist, and saying so differs
+        // from "not found".
+        if name.len() > crate::format::dirent::EXT4_NAME_LEN {
+            return Err(Error::NameTooLong(format!("name of {} bytes is longer than 255", name.len())));
+        }
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| e.ino));
         }

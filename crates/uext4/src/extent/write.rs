@@ -2,10 +2,17 @@
 //!
 //! Inserting an extent follows the path from the root to the leaf for its logical
 //! block; a new range merges with the extent before or after it when it continues
-//! it (up to 32,768 blocks), else goes in sorted. A full node splits in half and
-//! its upper half is indexed in the parent; a full root moves its entries into a new
-//! node and indexes it, adding a level (up to the kernel's limit of 5). Truncation
-//! collects the extents that remain and rebuilds the tree from them.
+//! it (up to 32,768 blocks), else goes in sorted. A full node splits (in half, or
+//! for an append at the right edge by moving only the new entry) and the new node
+//! is indexed in the parent; a full root moves its entries into a new node and
+//! indexes it, adding a level (up to the kernel's limit of 5). Truncation, punching
+//! and unwritten-state changes collect the extents that remain and rebuild the tree
+//! from them, reusing the old tree's blocks.
+//!
+//! Invariant: a change takes every block it needs before it writes anything, so
+//! a failure (ENOSPC, maximum depth) leaves the tree as it was and never an inode
+//! pointing at freed nodes; data blocks are freed only once the tree no longer
+//! maps them.
 
 use crate::error::{Error, Result};
 use crate::format::extent::{self as fext, Extent, ExtentHeader, ExtentIndex, ExtentNode, EXT4_EXT_MAGIC};
@@ -110,7 +117,7 @@ impl Filesystem {
             return Ok(());
         }
         let mut kept = Vec::with_capacity(extents.len() + 1);
-        let mut freed = 0u64;
+        let mut to_free = Vec::new();
         for e in extents {
             let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
             if from >= to {
@@ -118,8 +125,7 @@ impl Filesystem {
                 continue;
             }
             let cut_at = from - e.ee_block as u64;
-            self.free_blocks_range(tx, e.start + cut_at, to - from)?;
-            freed += to - from;
+            to_free.push((e.start + cut_at, to - from));
             if cut_at > 0 {
                 kept.push(Extent { len: cut_at as u32, ..e });
             }
@@ -128,11 +134,61 @@ impl Filesystem {
                 kept.push(Extent { ee_block: to as u32, len: e.len - skip as u32, start: e.start + skip, ..e });
             }
         }
-        for &b in &node_blocks {
-            self.free_blocks_range(tx, b, 1)?;
+        // The new tree first: should it need a block it cannot get, nothing has changed.
+        self.rebuild_tree(tx, ino, inode, kept, node_blocks)?;
+        self.free_data_ranges(tx, inode, &to_free)
+    }
+
+    /// Frees data blocks unmapped from `inode` and takes them off its i_blocks.
+    fn free_data_ranges(&self, tx: &mut Handle, inode: &mut Inode, ranges: &[(u64, u64)]) -> Result<()> {
+        for &(start, len) in ranges {
+            self.free_blocks_range(tx, start, len)?;
+            inode.i_blocks = inode.i_blocks.saturating_sub(len * self.sectors_per_block());
         }
-        inode.i_blocks = inode.i_blocks.saturating_sub((node_blocks.len() as u64 + freed) * self.sectors_per_block());
-        self.build_tree(tx, ino, inode, kept)
+        Ok(())
+    }
+
+    /// Marks the written blocks of [first, end) unwritten, so they read as zeros
+    /// while staying allocated (ZERO_RANGE: no block is freed, so none needs to be
+    /// found again on a full disk). Holes stay holes.
+    pub(crate) fn extent_mark_unwritten(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        first: u64,
+        end: u64,
+    ) -> Result<()> {
+        if !inode.has_flag(EXT4_EXTENTS_FL) {
+            return Err(Error::unsupported(format!("zeroing a range of block-mapped inode {ino}")));
+        }
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        if !extents.iter().any(|e| !e.unwritten && (e.ee_block as u64) < end && e.end() > first) {
+            return Ok(());
+        }
+        let mut out = Vec::with_capacity(extents.len() + 2);
+        for e in extents {
+            let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
+            if e.unwritten || from >= to {
+                out.push(e);
+                continue;
+            }
+            let at = |lblk: u64| e.start + (lblk - e.ee_block as u64);
+            if from > e.ee_block as u64 {
+                out.push(Extent { len: (from - e.ee_block as u64) as u32, ..e });
+            }
+            // An unwritten extent holds one block less than a written one.
+            let mut lblk = from;
+            while lblk < to {
+                let len = (to - lblk).min(fext::EXT_UNWRITTEN_MAX_LEN as u64);
+                out.push(Extent { ee_block: lblk as u32, len: len as u32, unwritten: true, start: at(lblk) });
+                lblk += len;
+            }
+            if to < e.end() {
+                out.push(Extent { ee_block: to as u32, len: (e.end() - to) as u32, unwritten: false, start: at(to) });
+            }
+        }
+        self.rebuild_tree(tx, ino, inode, out, node_blocks)
     }
 
     /// Writes zeros over `count` blocks from `pblk` (file data, straight to the device).
@@ -252,7 +308,8 @@ impl Filesystem {
     }
 
     /// Puts `item` into the node at `level`, splitting it (and growing the tree at
-    /// the root) when full.
+    /// the root) when full. The blocks the splits need are taken first, all or
+    /// none: ENOSPC (or a tree at its maximum depth) leaves the tree as it was.
     fn insert_item(
         &self,
         tx: &mut Handle,
@@ -262,6 +319,36 @@ impl Filesystem {
         level: usize,
         item: Item,
     ) -> Result<()> {
+        // Each full node on the way up splits; a full root pushes down into a new node.
+        let mut splits = 0;
+        let mut at = level;
+        while path[at].items.len() >= path[at].max as usize {
+            splits += 1;
+            if at == 0 {
+                if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
+                    return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
+                }
+                break;
+            }
+            at -= 1;
+        }
+        let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
+        let mut new_blocks = self.alloc_tree_blocks(tx, goal, splits)?;
+        inode.i_blocks += splits as u64 * self.sectors_per_block();
+        self.insert_item_into(tx, ino, inode, path, level, item, &mut new_blocks)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_item_into(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut Vec<Node>,
+        level: usize,
+        item: Item,
+        new_blocks: &mut Vec<u64>,
+    ) -> Result<()> {
         let pos = path[level].items.partition_point(|i| i.key() <= item.key());
         path[level].items.insert(pos, item);
         self.fix_keys(tx, ino, inode, path, level, pos)?;
@@ -270,14 +357,9 @@ impl Filesystem {
             return self.write_node(tx, ino, inode, &node);
         }
         let per_block = fext::max_entries_in_block(self.geo.block_size);
-        let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
-        let (new_block, _) = self.alloc_blocks(tx, goal, 1)?;
-        inode.i_blocks += self.sectors_per_block();
+        let new_block = new_blocks.pop().expect("insert_item set aside a block per split");
         if level == 0 {
             // The root overflows: its entries move to a new node and the root indexes it.
-            if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
-                return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
-            }
             let root = &path[0];
             let child =
                 Node { block: Some(new_block), depth: root.depth, max: per_block, items: root.items.clone(), at: 0 };
@@ -292,18 +374,28 @@ impl Filesystem {
             };
             return self.write_node(tx, ino, inode, &new_root);
         }
-        // Split in two; the upper half goes to the new block and into the parent.
-        // Random-order inserts leave half-empty nodes behind: sync packs the tree.
-        self.extent_compact.lock().insert(ino);
-        let half = path[level].items.len() / 2;
-        let upper = path[level].items.split_off(half);
+        // Split in two; the upper part goes to the new block and into the parent.
+        // An append at the far right of the tree (the common case: a file growing
+        // in order) moves only the new entry, leaving full nodes behind as the
+        // kernel's split does; other inserts split in half, and the half-empty
+        // nodes they leave are packed at sync.
+        let len = path[level].items.len();
+        let rightmost = path[..level].iter().all(|n| n.at + 1 == n.items.len());
+        let split_at = if pos + 1 == len && rightmost {
+            len - 1
+        } else {
+            self.extent_compact.lock().insert(ino);
+            len / 2
+        };
+        let upper = path[level].items.split_off(split_at);
         let sibling =
             Node { block: Some(new_block), depth: path[level].depth, max: path[level].max, items: upper, at: 0 };
         let lower = path[level].clone();
         self.write_node(tx, ino, inode, &lower)?;
         self.write_node(tx, ino, inode, &sibling)?;
         let key = sibling.items[0].key();
-        self.insert_item(tx, ino, inode, path, level - 1, Item::Idx(ExtentIndex { ei_block: key, leaf: new_block }))
+        let index = Item::Idx(ExtentIndex { ei_block: key, leaf: new_block });
+        self.insert_item_into(tx, ino, inode, path, level - 1, index, new_blocks)
     }
 
     /// Every extent of the tree in order, and the tree's own blocks.
@@ -337,26 +429,20 @@ impl Filesystem {
         }
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         let mut kept = Vec::new();
-        let mut freed = 0u64;
+        let mut to_free = Vec::new();
         for e in extents {
             if e.end() <= keep {
                 kept.push(e);
             } else if (e.ee_block as u64) < keep {
                 let stay = (keep - e.ee_block as u64) as u32;
-                self.free_blocks_range(tx, e.start + stay as u64, (e.len - stay) as u64)?;
-                freed += (e.len - stay) as u64;
+                to_free.push((e.start + stay as u64, (e.len - stay) as u64));
                 kept.push(Extent { len: stay, ..e });
             } else {
-                self.free_blocks_range(tx, e.start, e.len as u64)?;
-                freed += e.len as u64;
+                to_free.push((e.start, e.len as u64));
             }
         }
-        for &b in &node_blocks {
-            self.free_blocks_range(tx, b, 1)?;
-        }
-        let data_sectors = inode.i_blocks.saturating_sub((node_blocks.len() as u64 + freed) * self.sectors_per_block());
-        inode.i_blocks = data_sectors;
-        self.build_tree(tx, ino, inode, kept)
+        self.rebuild_tree(tx, ino, inode, kept, node_blocks)?;
+        self.free_data_ranges(tx, inode, &to_free)
     }
 
     /// Rebuilds the tree with every node packed full, keeping the extents. Trees grown
@@ -367,11 +453,7 @@ impl Filesystem {
             return Ok(());
         }
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
-        for &b in &node_blocks {
-            self.free_blocks_range(tx, b, 1)?;
-        }
-        inode.i_blocks = inode.i_blocks.saturating_sub(node_blocks.len() as u64 * self.sectors_per_block());
-        self.build_tree(tx, ino, inode, extents)
+        self.rebuild_tree(tx, ino, inode, extents, node_blocks)
     }
 
     /// Marks logical block `lblk` (inside an unwritten extent) as written: the extent
@@ -439,23 +521,46 @@ impl Filesystem {
             }
             merged.push(e);
         }
-        for &b in &node_blocks {
-            self.free_blocks_range(tx, b, 1)?;
-        }
-        inode.i_blocks = inode.i_blocks.saturating_sub(node_blocks.len() as u64 * self.sectors_per_block());
-        self.build_tree(tx, ino, inode, merged)
+        self.rebuild_tree(tx, ino, inode, merged, node_blocks)
     }
 
-    /// Writes a fresh tree holding `extents` (sorted, non-overlapping).
-    fn build_tree(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, extents: Vec<Extent>) -> Result<()> {
+    /// Replaces the tree whose node blocks are `old_nodes` with a packed one holding
+    /// `extents` (sorted, non-overlapping). The old nodes are reused; any further
+    /// blocks are allocated before anything is written, so a tree that cannot be
+    /// built is refused with the old one intact (never an inode pointing at freed
+    /// nodes). Old nodes left over are freed. i_blocks follows the node count.
+    fn rebuild_tree(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        extents: Vec<Extent>,
+        old_nodes: Vec<u64>,
+    ) -> Result<()> {
         let per_block = fext::max_entries_in_block(self.geo.block_size) as usize;
+        let mut needed = 0usize;
+        let mut width = extents.len();
+        while width > ROOT_MAX as usize {
+            width = width.div_ceil(per_block);
+            needed += width;
+        }
+        let mut blocks = old_nodes;
+        let extra = needed.saturating_sub(blocks.len());
+        let goal = blocks.last().copied().unwrap_or_else(|| self.inode_goal(ino));
+        blocks.extend(self.alloc_tree_blocks(tx, goal, extra)?);
+        let spare = blocks.split_off(needed);
+        let spb = self.sectors_per_block();
+        inode.i_blocks = inode.i_blocks.saturating_sub(spare.len() as u64 * spb) + extra as u64 * spb;
+        for b in spare {
+            self.free_blocks_range(tx, b, 1)?;
+        }
+        let mut blocks = blocks.into_iter();
         let mut level: Vec<Item> = extents.into_iter().map(Item::Ext).collect();
         let mut depth = 0u16;
         while level.len() > ROOT_MAX as usize {
             let mut up = Vec::new();
             for chunk in level.chunks(per_block) {
-                let (block, _) = self.alloc_blocks(tx, self.inode_goal(ino), 1)?;
-                inode.i_blocks += self.sectors_per_block();
+                let block = blocks.next().expect("one block was set aside per node");
                 let node = Node { block: Some(block), depth, max: per_block as u16, items: chunk.to_vec(), at: 0 };
                 self.write_node(tx, ino, inode, &node)?;
                 up.push(Item::Idx(ExtentIndex { ei_block: chunk[0].key(), leaf: block }));
@@ -465,6 +570,25 @@ impl Filesystem {
         }
         inode.i_block = [0; 60];
         self.write_node(tx, ino, inode, &Node { block: None, depth, max: ROOT_MAX, items: level, at: 0 })
+    }
+
+    /// `count` blocks for new tree nodes, all or none: on ENOSPC those already
+    /// taken are given back and nothing else has changed.
+    fn alloc_tree_blocks(&self, tx: &mut Handle, goal: u64, count: usize) -> Result<Vec<u64>> {
+        let mut got: Vec<u64> = Vec::with_capacity(count);
+        while got.len() < count {
+            let goal = got.last().map_or(goal, |&b| b + 1);
+            match self.alloc_blocks(tx, goal, (count - got.len()) as u32) {
+                Ok((start, len)) => got.extend(start..start + len as u64),
+                Err(e) => {
+                    for &b in &got {
+                        self.free_blocks_range(tx, b, 1)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(got)
     }
 
     /// Frees every data and tree block of an extent-mapped inode and leaves it an

@@ -58,6 +58,22 @@ impl Timestamp {
         }
     }
 
+    /// The earliest time ext4 stores: 32-bit signed seconds (1901-12-13).
+    pub const MIN_SEC: i64 = i32::MIN as i64;
+    /// The latest with an `_extra` word: two epoch bits on top of the signed 32
+    /// bits (2446-05-10); without one, i32::MAX (2038-01-19).
+    pub const MAX_EXTRA_SEC: i64 = (1 << 34) - 1 + i32::MIN as i64;
+
+    /// The time as ext4 can hold it (the kernel's timestamp_truncate with ext4's
+    /// s_time_min/s_time_max): seconds clamped to the range, nanoseconds dropped at
+    /// either end and without an `_extra` word (one-second granularity).
+    pub fn clamp(self, extra: bool) -> Timestamp {
+        let max = if extra { Self::MAX_EXTRA_SEC } else { i32::MAX as i64 };
+        let sec = self.sec.clamp(Self::MIN_SEC, max);
+        let nsec = if !extra || sec == Self::MIN_SEC || sec == max { 0 } else { self.nsec.min(999_999_999) };
+        Timestamp { sec, nsec }
+    }
+
     pub fn encode(self) -> (u32, u32) {
         let epoch = ((self.sec - (self.sec as i32 as i64)) >> 32) as u32 & 3;
         (self.sec as u32, (self.nsec << 2) | epoch)
@@ -239,7 +255,8 @@ impl Inode {
         put_le32(&mut b, 0x4, self.i_size as u32);
         put_le32(&mut b, 0x6C, (self.i_size >> 32) as u32);
         for (t, off, extra_off) in [(self.i_atime, 0x8, 0x8C), (self.i_ctime, 0xC, 0x84), (self.i_mtime, 0x10, 0x88)] {
-            let (s, x) = t.encode();
+            // Out-of-range times never wrap into another century.
+            let (s, x) = t.clamp(fits(extra_off + 4)).encode();
             put_le32(&mut b, off, s);
             if fits(extra_off + 4) {
                 put_le32(&mut b, extra_off, x);
@@ -247,7 +264,7 @@ impl Inode {
         }
         if let Some(t) = self.i_crtime {
             if fits(0x98) {
-                let (s, x) = t.encode();
+                let (s, x) = t.clamp(true).encode();
                 put_le32(&mut b, 0x90, s);
                 put_le32(&mut b, 0x94, x);
             }

@@ -36,10 +36,11 @@ impl Filesystem {
     }
 
     /// Refuses (before anything changes) an operation that could need more than
-    /// `blocks` free blocks beyond the reserved ones: a change must not run out of
-    /// space halfway (a handle cannot be undone once it has dirtied buffers).
+    /// `blocks` free blocks beyond those the caller may not take (the reserved
+    /// ones, unless privileged): a change must not run out of space halfway (a
+    /// handle cannot be undone once it has dirtied buffers).
     pub(crate) fn ensure_space(&self, blocks: u64) -> Result<()> {
-        let reserved = self.sb.read().s_r_blocks_count;
+        let reserved = self.reserved_blocks();
         let free = self.allocatable_blocks();
         if free < reserved + blocks {
             return Err(Error::NoSpace(format!(

@@ -30,8 +30,13 @@ pub fn now() -> Timestamp {
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name == b"." || name == b".." {
-        return Err(Error::Invalid(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
+    // As the kernel's path walk answers: an empty name names nothing, and '.'
+    // and '..' always exist.
+    if name.is_empty() {
+        return Err(Error::NotFound("an empty name".into()));
+    }
+    if name == b"." || name == b".." {
+        return Err(Error::Exists(format!("'{}' cannot be created", String::from_utf8_lossy(name))));
     }
     if name.len() > dirent::EXT4_NAME_LEN {
         return Err(Error::NameTooLong(format!("name of {} bytes is longer than 255", name.len())));
@@ -40,6 +45,17 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
         return Err(Error::Invalid("a name may not contain '/' or NUL".into()));
     }
     Ok(())
+}
+
+impl Filesystem {
+    /// A time as this filesystem stores it, as the kernel's timestamp_truncate
+    /// gives it: inodes big enough for the `_extra` words (the kernel asks the
+    /// inode size, not each inode's i_extra_isize) range to 2446 in nanoseconds,
+    /// smaller ones to 2038 in whole seconds.
+    pub fn timestamp_truncate(&self, t: Timestamp) -> Timestamp {
+        const ATIME_EXTRA_END: usize = 0x90;
+        t.clamp(self.geo.inode_size >= ATIME_EXTRA_END)
+    }
 }
 
 /// Owner and permission bits for a new inode.
@@ -73,17 +89,20 @@ impl Filesystem {
         inode.i_ctime = t;
     }
 
-    /// Creates a name in `parent` for a new inode built by `init` (which may allocate
-    /// blocks); returns the new inode's attributes.
+    /// Creates a name in `parent` for a new inode built by `init` (which allocates
+    /// at most `init_blocks` blocks); returns the new inode's attributes. A caller
+    /// that has not said who it is (`acting_as`) acts as the new inode's owner.
     fn create_node(
         &self,
         parent: u32,
         name: &[u8],
         mode: u16,
         owner: Owner,
+        init_blocks: u64,
         init: &dyn Fn(&Self, &mut Handle, u32, &mut Inode) -> Result<()>,
     ) -> Result<Stat> {
         check_name(name)?;
+        let _caller = self.acting_as_unless_set(owner);
         let is_dir = mode & S_IFMT == S_IFDIR;
         let _name_lock = self.dir_locks.lock(parent as u64);
         self.require_dir(parent)?;
@@ -94,8 +113,8 @@ impl Filesystem {
         // the new inode's after it is safe: nobody can hold the lock of an inode
         // that was free a moment ago while waiting to begin a handle.
         let _parent_lock = self.inode_locks.lock(parent as u64);
+        self.ensure_space_for_name(parent, name, init_blocks)?;
         let mut tx = self.begin(8)?;
-        self.ensure_space(NAME_SPACE_BLOCKS)?;
         let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
         let _inode_lock = self.inode_locks.lock(ino as u64);
         let mut inode = self.new_inode(mode, owner);
@@ -113,9 +132,28 @@ impl Filesystem {
         self.stat(ino)
     }
 
+    /// Refuses, before any change, a new `name` in `dir` plus `blocks` more that the
+    /// disk cannot hold: the name's worst case while space is plentiful; on a
+    /// nearly full disk only what it needs (nothing when it fits in the directory
+    /// as it is, so an empty file can still be made, as with the kernel).
+    pub(crate) fn ensure_space_for_name(&self, dir: u32, name: &[u8], blocks: u64) -> Result<()> {
+        if self.ensure_space(NAME_SPACE_BLOCKS + blocks).is_ok() {
+            return Ok(());
+        }
+        let dir_inode = self.inode(dir)?;
+        let needed = match self.entry_needs_block(dir, &dir_inode, name)? {
+            true => NAME_SPACE_BLOCKS + blocks,
+            false => blocks,
+        };
+        if needed > 0 {
+            self.ensure_space(needed)?;
+        }
+        Ok(())
+    }
+
     /// Creates an empty regular file.
     pub fn create(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
-        self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, &|_, _, _, i| {
+        self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, 0, &|_, _, _, i| {
             i.i_links_count = 1;
             Ok(())
         })
@@ -124,10 +162,17 @@ impl Filesystem {
     /// Creates a fifo, socket or device node; `rdev` is (major, minor).
     pub fn mknod(&self, parent: u32, name: &[u8], mode: u16, rdev: (u32, u32), owner: Owner) -> Result<Stat> {
         let kind = mode & S_IFMT;
+        // The kernel's may_mknod: a directory is EPERM, a regular file is made.
+        if kind == S_IFDIR {
+            return Err(Error::NotPermitted("mknod cannot make a directory (use mkdir)".into()));
+        }
+        if kind == S_IFREG {
+            return self.create(parent, name, mode & 0o7777, owner);
+        }
         if ![S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK].contains(&kind) {
             return Err(Error::Invalid(format!("mknod of mode {mode:#o}")));
         }
-        self.create_node(parent, name, mode, owner, &|_, _, _, i| {
+        self.create_node(parent, name, mode, owner, 0, &|_, _, _, i| {
             i.i_links_count = 1;
             // Device numbers live in i_block, not in an extent root.
             i.i_flags = 0;
@@ -144,7 +189,7 @@ impl Filesystem {
     }
 
     pub fn mkdir(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
-        self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, &|fs, tx, ino, i| {
+        self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, 1, &|fs, tx, ino, i| {
             i.i_links_count = 2;
             let bs = fs.geo.block_size;
             let (blk, _) = fs.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
@@ -167,10 +212,15 @@ impl Filesystem {
 
     /// A symlink: the target in i_block when shorter than 60 bytes, else in a block.
     pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], owner: Owner) -> Result<Stat> {
-        if target.is_empty() || target.len() >= self.geo.block_size {
-            return Err(Error::Invalid(format!("symlink target of {} bytes", target.len())));
+        if target.is_empty() {
+            return Err(Error::NotFound("an empty symlink target".into()));
         }
-        self.create_node(parent, name, S_IFLNK | 0o777, owner, &|fs, tx, ino, i| {
+        // The target and its NUL must fit in one block (the kernel's ext4_symlink).
+        if target.len() >= self.geo.block_size {
+            return Err(Error::NameTooLong(format!("symlink target of {} bytes", target.len())));
+        }
+        let blocks = (target.len() >= 60) as u64;
+        self.create_node(parent, name, S_IFLNK | 0o777, owner, blocks, &|fs, tx, ino, i| {
             i.i_links_count = 1;
             i.i_size = target.len() as u64;
             if target.len() < 60 {
@@ -208,8 +258,8 @@ impl Filesystem {
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
+        self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
-        self.ensure_space(NAME_SPACE_BLOCKS)?;
         self.uninline(&mut tx, parent)?;
         let parent_inode = self.inode(parent)?;
         let mut dir =
@@ -234,8 +284,14 @@ impl Filesystem {
     }
 
     fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
+        // The errno the kernel's do_unlinkat and do_rmdir give for these names.
         if name == b"." || name == b".." {
-            return Err(Error::Invalid(format!("cannot remove '{}'", String::from_utf8_lossy(name))));
+            let what = format!("cannot remove '{}'", String::from_utf8_lossy(name));
+            return Err(match (want_dir, name) {
+                (false, _) => Error::IsADirectory(what),
+                (true, b".") => Error::Invalid(what),
+                (true, _) => Error::NotEmpty(what),
+            });
         }
         let _name_lock = self.dir_locks.lock(parent as u64);
         self.require_dir(parent)?;
@@ -293,79 +349,37 @@ impl Filesystem {
     }
 
     /// Writes `data` at `offset`: mapped blocks are overwritten in place, holes get
-    /// new blocks (merged into the neighbouring extent when contiguous).
+    /// new blocks (merged into the neighbouring extent when contiguous). As the
+    /// kernel does, a write starting at or past the largest file size fails with
+    /// EFBIG and one crossing it is cut short there; running out of space part-way
+    /// is a short write. Whatever was written is recorded in the inode.
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
         let _lock = self.inode_locks.lock(ino as u64);
-        if !self.inode(ino)?.is_reg() {
+        let inode = self.inode(ino)?;
+        if inode.is_dir() {
+            return Err(Error::IsADirectory(format!("writing to directory inode {ino}")));
+        }
+        if !inode.is_reg() {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
-        let bs = self.geo.block_size as u64;
-        let zeroout = self.extent_zeroout_len();
+        let max = self.max_size_of(&inode);
+        if offset >= max {
+            return Err(Error::FileTooLarge(format!(
+                "write at byte {offset} of inode {ino}: the largest file is {max} bytes"
+            )));
+        }
+        let data = &data[..data.len().min((max - offset).min(usize::MAX as u64) as usize)];
         let mut tx = self.begin(16)?;
         self.uninline(&mut tx, ino)?;
         let mut inode = (*self.inode(ino)?).clone();
-        let dev = self.cache.device().clone();
         let mut done = 0usize;
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let lblk = pos / bs;
-            let in_block = (pos % bs) as usize;
-            let n = (bs as usize - in_block).min(data.len() - done);
-            let pblk = match self.map_blocks(ino, &inode, lblk, 1)?.kind {
-                MapKind::Mapped(p) => p,
-                MapKind::Unwritten(p) => {
-                    // Preallocated but never written: its old bytes must not show, so
-                    // what this write leaves of the block becomes zeros.
-                    if n < bs as usize {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    self.ensure_space(DATA_SPACE_BLOCKS)?;
-                    self.extent_mark_written(&mut tx, ino, &mut inode, lblk, zeroout)?;
-                    p
-                }
-                MapKind::Hole => {
-                    // Out of space: a short write, or ENOSPC if nothing was written.
-                    if let Err(e) = self.ensure_space(DATA_SPACE_BLOCKS) {
-                        if done == 0 {
-                            return Err(e);
-                        }
-                        break;
-                    }
-                    // The whole hole this write covers is allocated as one run.
-                    let want_blocks = (in_block as u64 + (data.len() - done) as u64).div_ceil(bs);
-                    let hole = self.map_blocks(ino, &inode, lblk, want_blocks)?.len;
-                    let reserved = self.sb.read().s_r_blocks_count;
-                    let spare = self.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
-                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
-                    // Right after the block before, so sequential writes stay contiguous.
-                    let goal = match lblk.checked_sub(1) {
-                        Some(prev) => match self.map_blocks(ino, &inode, prev, 1)?.kind {
-                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
-                            MapKind::Hole => self.inode_goal(ino),
-                        },
-                        None => self.inode_goal(ino),
-                    };
-                    let (p, got) = self.alloc_blocks(&mut tx, goal, want)?;
-                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - done);
-                    // Fresh blocks: zero the parts of the first and last this write leaves.
-                    if in_block > 0 {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    let end_in_block = (in_block + bytes) % bs as usize;
-                    if end_in_block != 0 {
-                        let last = p + (in_block + bytes) as u64 / bs;
-                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
-                    }
-                    self.extent_append(&mut tx, ino, &mut inode, lblk, p, got)?;
-                    // File data goes straight to the device, before the metadata that maps it.
-                    dev.write_at(p * bs + in_block as u64, &data[done..done + bytes])?;
-                    done += bytes;
-                    continue;
-                }
-            };
-            // File data goes straight to the device, before the metadata that maps it.
-            dev.write_at(pblk * bs + in_block as u64, &data[done..done + n])?;
-            done += n;
+        let outcome = self.write_blocks(&mut tx, ino, &mut inode, offset, data, &mut done);
+        if outcome.is_err() && done == 0 {
+            // Nothing was written; the inode may still have changed (a failed step
+            // leaves the tree as it was, earlier steps may not), so it is saved.
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
+            return outcome.map(|_| 0);
         }
         let end = offset + done as u64;
         if end > inode.i_size {
@@ -377,6 +391,83 @@ impl Filesystem {
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
         Ok(done)
+    }
+
+    /// The block loop of `write`: `done` counts the bytes written so far, which
+    /// stay written (and mapped in `inode`) whatever happens next.
+    fn write_blocks(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        offset: u64,
+        data: &[u8],
+        done: &mut usize,
+    ) -> Result<()> {
+        let bs = self.geo.block_size as u64;
+        let zeroout = self.extent_zeroout_len();
+        let dev = self.cache.device().clone();
+        while *done < data.len() {
+            let pos = offset + *done as u64;
+            let lblk = pos / bs;
+            let in_block = (pos % bs) as usize;
+            let n = (bs as usize - in_block).min(data.len() - *done);
+            let pblk = match self.map_blocks(ino, inode, lblk, 1)?.kind {
+                MapKind::Mapped(p) => p,
+                MapKind::Unwritten(p) => {
+                    self.ensure_space(DATA_SPACE_BLOCKS)?;
+                    // Preallocated but never written: its old bytes must not show, so
+                    // what this write leaves of the block becomes zeros.
+                    if n < bs as usize {
+                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
+                    }
+                    self.extent_mark_written(tx, ino, inode, lblk, zeroout)?;
+                    p
+                }
+                MapKind::Hole => {
+                    // Out of space: a short write, or ENOSPC if nothing was written.
+                    self.ensure_space(DATA_SPACE_BLOCKS)?;
+                    // The whole hole this write covers is allocated as one run.
+                    let want_blocks = (in_block as u64 + (data.len() - *done) as u64).div_ceil(bs);
+                    let hole = self.map_blocks(ino, inode, lblk, want_blocks)?.len;
+                    let reserved = self.reserved_blocks();
+                    let spare = self.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
+                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
+                    // Right after the block before, so sequential writes stay contiguous.
+                    let goal = match lblk.checked_sub(1) {
+                        Some(prev) => match self.map_blocks(ino, inode, prev, 1)?.kind {
+                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
+                            MapKind::Hole => self.inode_goal(ino),
+                        },
+                        None => self.inode_goal(ino),
+                    };
+                    let (p, got) = self.alloc_blocks(tx, goal, want)?;
+                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - *done);
+                    // Fresh blocks: zero the parts of the first and last this write leaves.
+                    if in_block > 0 {
+                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
+                    }
+                    let end_in_block = (in_block + bytes) % bs as usize;
+                    if end_in_block != 0 {
+                        let last = p + (in_block + bytes) as u64 / bs;
+                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
+                    }
+                    if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
+                        // The tree is as it was: the blocks go back.
+                        self.free_blocks_range(tx, p, got as u64)?;
+                        return Err(e);
+                    }
+                    // File data goes straight to the device, before the metadata that maps it.
+                    dev.write_at(p * bs + in_block as u64, &data[*done..*done + bytes])?;
+                    *done += bytes;
+                    continue;
+                }
+            };
+            // File data goes straight to the device, before the metadata that maps it.
+            dev.write_at(pblk * bs + in_block as u64, &data[*done..*done + n])?;
+            *done += n;
+        }
+        Ok(())
     }
 }
 
@@ -399,6 +490,22 @@ impl Filesystem {
     /// end; growing only moves i_size (the new range reads as a hole).
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
         let _lock = self.inode_locks.lock(ino as u64);
+        if let Some(size) = attr.size {
+            // Refused before anything changes.
+            let inode = self.inode(ino)?;
+            if inode.is_dir() {
+                return Err(Error::IsADirectory(format!("truncating directory inode {ino}")));
+            }
+            if !inode.is_reg() {
+                return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+            }
+            let max = self.max_size_of(&inode);
+            if size > max {
+                return Err(Error::FileTooLarge(format!(
+                    "size {size} for inode {ino}: the largest file is {max} bytes"
+                )));
+            }
+        }
         let mut tx = self.begin(8)?;
         if attr.size.is_some() {
             self.uninline(&mut tx, ino)?;
@@ -414,9 +521,6 @@ impl Filesystem {
             inode.i_gid = g;
         }
         if let Some(size) = attr.size {
-            if !inode.is_reg() {
-                return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
-            }
             if size < inode.i_size {
                 let bs = self.geo.block_size as u64;
                 self.extent_truncate(&mut tx, ino, &mut inode, size.div_ceil(bs))?;
@@ -434,12 +538,12 @@ impl Filesystem {
             inode.i_mtime = t;
         }
         if let Some(t) = attr.atime {
-            inode.i_atime = t;
+            inode.i_atime = self.timestamp_truncate(t);
         }
         if let Some(t) = attr.mtime {
-            inode.i_mtime = t;
+            inode.i_mtime = self.timestamp_truncate(t);
         }
-        inode.i_ctime = attr.ctime.unwrap_or_else(now);
+        inode.i_ctime = self.timestamp_truncate(attr.ctime.unwrap_or_else(now));
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
         self.stat(ino)

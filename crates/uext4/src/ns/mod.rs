@@ -224,17 +224,73 @@ pub struct StatFs {
 }
 
 impl Filesystem {
+    /// statfs(2) as the kernel's ext4_statfs answers it: `blocks` leaves out the
+    /// metadata overhead, so `df` on a uext4 mount agrees with the kernel's.
     pub fn statfs(&self) -> StatFs {
         let reserved = self.sb.read().s_r_blocks_count;
         let free = self.free_blocks();
         StatFs {
             block_size: self.geo.block_size as u32,
-            blocks: self.geo.blocks_count,
+            blocks: self.geo.blocks_count.saturating_sub(self.overhead_blocks()),
             free_blocks: free,
             available_blocks: free.saturating_sub(reserved),
             inodes: self.geo.inodes_count as u64,
             free_inodes: self.free_inodes(),
             name_max: crate::format::dirent::EXT4_NAME_LEN as u32,
         }
+    }
+}
+
+impl Filesystem {
+    /// Blocks ext4 counts as overhead (the kernel's ext4_calculate_overhead):
+    /// those before s_first_data_block; per group its superblock backup with the
+    /// group descriptor and reserved GDT blocks next to it, its inode table and two
+    /// bitmaps (counted for the group they describe wherever flex_bg placed them);
+    /// and an internal journal. As in the kernel, s_overhead_clusters counts only
+    /// with bigalloc (opened read-only here); otherwise the figure is recomputed.
+    pub fn overhead_blocks(&self) -> u64 {
+        use crate::format::superblock::{COMPAT_HAS_JOURNAL, INCOMPAT_META_BG};
+        let sb = self.sb.read();
+        let stored = sb.s_overhead_clusters as u64;
+        if sb.has_ro_compat(crate::format::superblock::RO_COMPAT_BIGALLOC) && stored != 0 {
+            let per_cluster = 1u64 << sb.s_log_cluster_size.saturating_sub(sb.s_log_block_size).min(31);
+            let blocks = stored.saturating_mul(per_cluster);
+            if blocks <= self.geo.blocks_count {
+                return blocks;
+            }
+        }
+        let bs = self.geo.block_size as u64;
+        let descs_per_block = (bs / self.geo.desc_size as u64).max(1);
+        let groups = self.geo.group_count as u64;
+        let gdt_blocks = groups.div_ceil(descs_per_block);
+        let meta_bg = sb.has_incompat(INCOMPAT_META_BG);
+        let itable_blocks = (self.geo.inodes_per_group as u64 * self.geo.inode_size as u64).div_ceil(bs);
+        let mut overhead = self.geo.first_data_block as u64;
+        for g in 0..self.geo.group_count {
+            let has_super = crate::fs::group_has_superblock(&sb, g);
+            let metagroup = g as u64 / descs_per_block;
+            let descriptors = if !meta_bg || metagroup < sb.s_first_meta_bg as u64 {
+                match (has_super, meta_bg) {
+                    (false, _) => 0,
+                    (true, true) => sb.s_first_meta_bg as u64,
+                    (true, false) => gdt_blocks,
+                }
+            } else {
+                let first = metagroup * descs_per_block;
+                let g = g as u64;
+                (g == first || g == first + 1 || g == first + descs_per_block - 1) as u64
+            };
+            let reserved_gdt = if has_super { sb.s_reserved_gdt_blocks as u64 } else { 0 };
+            overhead += has_super as u64 + descriptors + reserved_gdt + itable_blocks + 2;
+        }
+        let journal = sb.s_journal_inum;
+        let internal_journal = sb.has_compat(COMPAT_HAS_JOURNAL) && journal != 0;
+        drop(sb);
+        if internal_journal {
+            if let Ok(j) = self.inode(journal) {
+                overhead += j.i_size / bs;
+            }
+        }
+        overhead
     }
 }

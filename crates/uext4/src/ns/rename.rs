@@ -57,10 +57,19 @@ impl Filesystem {
     }
 
     pub fn rename(&self, src_dir: u32, src_name: &[u8], dst_dir: u32, dst_name: &[u8], flags: u32) -> Result<()> {
-        check_name(dst_name)?;
-        if src_name == b"." || src_name == b".." {
-            return Err(Error::Invalid("cannot rename '.' or '..'".into()));
+        // As the kernel's do_renameat2: '.' or '..' on either side is EBUSY (EEXIST
+        // as a destination under NOREPLACE).
+        let dot = |n: &[u8]| n == b"." || n == b"..";
+        if dot(src_name) {
+            return Err(Error::Busy("cannot rename '.' or '..'".into()));
         }
+        if dot(dst_name) {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(Error::Exists(String::from_utf8_lossy(dst_name).into_owned()));
+            }
+            return Err(Error::Busy("cannot rename over '.' or '..'".into()));
+        }
+        check_name(dst_name)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
             return Err(Error::Invalid(format!("rename flags {flags:#x}")));
         }
@@ -110,8 +119,19 @@ impl Filesystem {
         keys.extend(dst.map(|d| d as u64));
         let _inode_locks = self.inode_locks.lock_many(&keys);
 
+        // Only a new name can need a block (an existing one is repointed in place),
+        // unless an inline directory must first move to a block.
+        let dirs = [src_dir, dst_dir].into_iter().chain(src_is_dir.then_some(src)).chain(dst.filter(|_| dst_is_dir));
+        let mut inline = false;
+        for ino in dirs {
+            inline |= self.inode(ino)?.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL);
+        }
+        if inline {
+            self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
+        } else if dst.is_none() {
+            self.ensure_space_for_name(dst_dir, dst_name, 0)?;
+        }
         let mut tx = self.begin(24)?;
-        self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
         // Inline directories become block directories before their entries change.
         for ino in [src_dir, dst_dir].into_iter().chain(src_is_dir.then_some(src)).chain(dst.filter(|_| dst_is_dir)) {
             self.uninline(&mut tx, ino)?;
