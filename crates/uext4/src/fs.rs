@@ -133,6 +133,9 @@ pub struct Filesystem {
     pub(crate) inode_locks: crate::locks::LockTable,
     /// The jbd2 journal metadata is written through (writable opens of images with one).
     pub(crate) journal: Option<crate::journal::log::Journal>,
+    /// Group metadata (superblock copies, descriptors, bitmaps, inode tables) as
+    /// sorted, merged block ranges [start, end): no file block may lie there.
+    system_zone: Vec<(u64, u64)>,
 }
 
 /// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
@@ -284,17 +287,172 @@ impl Filesystem {
             read_only_reason: reason,
             replayed_journal_blocks,
             journal: None,
+            system_zone: Vec::new(),
         };
         let mut fs = fs;
-        if !fs.read_only && fs.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
-            let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
-            fs.journal = Some(crate::journal::log::Journal::load(&fs, interval)?);
-        }
-        // Inodes a previous session unlinked while open, and never closed.
-        if !fs.read_only && fs.sb.read().s_last_orphan != 0 {
-            fs.process_orphans()?;
+        fs.system_zone = fs.metadata_ranges().into_iter().map(|(start, end, _)| (start, end)).collect();
+        fs.system_zone.sort_unstable();
+        fs.system_zone.dedup_by(|next, prev| {
+            let joins = next.0 <= prev.1;
+            if joins {
+                prev.1 = prev.1.max(next.1);
+            }
+            joins
+        });
+        if let Err(e) = fs.prepare_writes(&opts) {
+            // Refused: nothing may be written back, dropping it included.
+            fs.read_only = true;
+            return Err(e);
         }
         Ok(fs)
+    }
+
+    /// What a writable open does before it hands the filesystem out: check the group
+    /// descriptors, load the journal, finish the orphans of a previous session.
+    fn prepare_writes(&mut self, opts: &Options) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.check_descriptors()?;
+        // Before the journal is loaded (which writes its superblock): a refused open
+        // must leave every byte as it was.
+        self.check_orphan_list()?;
+        if self.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+            let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
+            self.journal = Some(crate::journal::log::Journal::load(self, interval)?);
+        }
+        // Inodes a previous session unlinked while open, and never closed.
+        if self.sb.read().s_last_orphan != 0 {
+            self.process_orphans()?;
+        }
+        Ok(())
+    }
+
+    /// Every group's fixed metadata: (first block, end, what), unsorted.
+    fn metadata_ranges(&self) -> Vec<(u64, u64, String)> {
+        let itable_blocks =
+            (self.geo.inodes_per_group as u64 * self.geo.inode_size as u64).div_ceil(self.geo.block_size as u64);
+        let mut ranges = Vec::with_capacity(self.groups.len() * 4);
+        for (g, gd) in self.groups.iter().enumerate() {
+            let gd = gd.read();
+            let start = self.group_first_block(g as u32);
+            let base = self.base_meta_blocks(g as u32);
+            if base > 0 {
+                ranges.push((start, start + base, format!("group {g} superblock and descriptors")));
+            }
+            ranges.push((gd.bg_block_bitmap, gd.bg_block_bitmap + 1, format!("group {g} block bitmap")));
+            ranges.push((gd.bg_inode_bitmap, gd.bg_inode_bitmap + 1, format!("group {g} inode bitmap")));
+            ranges.push((gd.bg_inode_table, gd.bg_inode_table + itable_blocks, format!("group {g} inode table")));
+        }
+        ranges
+    }
+
+    /// The kernel's ext4_check_descriptors, and what the allocators rely on: each
+    /// group's bitmaps and inode table lie in the filesystem (in their own group
+    /// without flex_bg) and overlap neither the superblock and descriptors nor one
+    /// another, and its free counts fit the group. Run before any writable open:
+    /// new files would otherwise get blocks on top of the metadata.
+    fn check_descriptors(&self) -> Result<()> {
+        let flex_bg = self.sb.read().has_incompat(INCOMPAT_FLEX_BG);
+        let ipg = self.geo.inodes_per_group;
+        for (g, gd) in self.groups.iter().enumerate() {
+            let gd = gd.read();
+            let g = g as u32;
+            let (first, in_group) = (self.group_first_block(g), self.blocks_in_group(g));
+            let bad = |what: String| Err(Error::corrupt(what, format!("group {g} descriptor")));
+            if gd.bg_free_blocks_count > in_group {
+                return bad(format!("{} free blocks in a group of {in_group}", gd.bg_free_blocks_count));
+            }
+            if gd.bg_free_inodes_count > ipg {
+                return bad(format!("{} free inodes in a group of {ipg}", gd.bg_free_inodes_count));
+            }
+            if gd.bg_itable_unused > ipg {
+                return bad(format!("{} unused inode table entries in a group of {ipg}", gd.bg_itable_unused));
+            }
+            if !flex_bg {
+                for (what, b) in [("block bitmap", gd.bg_block_bitmap), ("inode bitmap", gd.bg_inode_bitmap)] {
+                    if b < first || b >= first + in_group as u64 {
+                        return bad(format!("{what} at block {b} is not in the group"));
+                    }
+                }
+            }
+        }
+        let mut ranges = self.metadata_ranges();
+        ranges.sort_unstable_by_key(|r| (r.0, r.1));
+        for w in ranges.windows(2) {
+            let ((a_start, a_end, a), (b_start, b_end, b)) = (&w[0], &w[1]);
+            if b_start < a_end {
+                return Err(Error::corrupt(
+                    format!("{b} (blocks {b_start}..{b_end}) overlaps {a} (blocks {a_start}..{a_end})"),
+                    "group descriptors",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The orphan list a previous session left is checked whole before any of it is
+    /// freed (as the kernel's ext4_orphan_get checks each entry): every entry a
+    /// non-reserved inode in range, in use in its group's bitmap, listed once, and,
+    /// when it has no links left, with a tree and xattr block that can be freed.
+    fn check_orphan_list(&self) -> Result<()> {
+        let first_ino = self.sb.read().first_ino();
+        let mut at = self.sb.read().s_last_orphan;
+        let mut seen = std::collections::HashSet::new();
+        while at != 0 {
+            let bad = |what: String| Err(Error::corrupt(what, "orphan list"));
+            if at < first_ino || at > self.geo.inodes_count {
+                return bad(format!("entry {at} is not an ordinary inode number"));
+            }
+            if !seen.insert(at) {
+                return bad(format!("inode {at} is listed twice (a loop)"));
+            }
+            let group = (at - 1) / self.geo.inodes_per_group;
+            let gd = self.groups[group as usize].read().clone();
+            let in_use = gd.bg_flags & EXT4_BG_INODE_UNINIT == 0 && {
+                let bitmap = self.cache.get(gd.bg_inode_bitmap)?;
+                let index = ((at - 1) % self.geo.inodes_per_group) as usize;
+                let used = crate::format::bitmap::test_bit(&bitmap.read(), index);
+                used
+            };
+            if !in_use {
+                return bad(format!("inode {at} is not in use"));
+            }
+            let inode = self.inode(at)?;
+            if inode.i_links_count == 0 {
+                self.check_releasable(at, &inode)?;
+            }
+            at = inode.i_dtime;
+        }
+        Ok(())
+    }
+
+    /// Blocks [start, start + len) may hold file data or tree nodes: inside the
+    /// filesystem, past the first data block, and clear of the group metadata.
+    pub(crate) fn check_metadata_free_range(&self, start: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
+        let end =
+            start.checked_add(len).filter(|&e| start > self.geo.first_data_block as u64 && e <= self.geo.blocks_count);
+        let Some(end) = end else {
+            return Err(Error::corrupt(
+                format!(
+                    "blocks {start}..+{len} lie outside the filesystem ({}..{})",
+                    self.geo.first_data_block + 1,
+                    self.geo.blocks_count
+                ),
+                what(),
+            ));
+        };
+        // The last zone starting before `end` is the only one that can overlap.
+        let at = self.system_zone.partition_point(|z| z.0 < end);
+        if let Some(&(zs, ze)) = at.checked_sub(1).and_then(|i| self.system_zone.get(i)) {
+            if ze > start {
+                return Err(Error::corrupt(
+                    format!("blocks {start}..{end} overlap filesystem metadata (blocks {zs}..{ze})"),
+                    what(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Where group `group`'s descriptor lives: (block, byte offset in it).

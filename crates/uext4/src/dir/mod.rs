@@ -151,8 +151,24 @@ impl Filesystem {
         Ok(out)
     }
 
-    /// Finds `name` in directory `dir`; Ok(None) if absent.
+    /// Finds `name` in directory `dir`; Ok(None) if absent. An entry naming an
+    /// inode without links is corrupt, as the kernel's ext4_lookup has it ("deleted
+    /// inode referenced"): serving it would let its blocks be used twice, and its
+    /// last close free it again.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+        let found = self.lookup_entry(dir, name)?;
+        if let Some(ino) = found {
+            if self.inode(ino)?.i_links_count == 0 {
+                return Err(Error::corrupt(
+                    format!("entry '{}' names deleted inode {ino} (links count 0)", String::from_utf8_lossy(name)),
+                    format!("directory inode {dir}"),
+                ));
+            }
+        }
+        Ok(found)
+    }
+
+    fn lookup_entry(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let inode = self.require_dir(dir)?;
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| e.ino));
