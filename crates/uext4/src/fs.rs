@@ -43,6 +43,9 @@ const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
 
 const INODE_CACHE_SHARDS: usize = 16;
 
+/// uext4 writes only extent-mapped files: without the extent feature, read-only.
+const NO_EXTENTS_READ_ONLY: &str = "opened read-only: uext4 does not write filesystems without the extent feature";
+
 #[derive(Clone, Debug)]
 pub struct Options {
     pub read_only: bool,
@@ -199,6 +202,11 @@ impl Filesystem {
             reason = format!("ro_compat features {unknown_ro:#x} are not understood for writing");
             read_only = true;
         }
+        // Decided here, before a writable open would replay the journal onto the image.
+        if !read_only && !sb.has_incompat(INCOMPAT_EXTENTS) {
+            reason = NO_EXTENTS_READ_ONLY.to_string();
+            read_only = true;
+        }
         check_device_size(dev.as_ref(), &sb)?;
 
         let mut dev = dev;
@@ -258,11 +266,8 @@ impl Filesystem {
             verify_checksums: !opts.ignore_checksums,
         };
         // uext4 writes only extent-mapped files: without the extent feature, read-only.
-        let (read_only, reason) = if !read_only && !geo.has_extents {
-            (true, "opened read-only: uext4 does not write filesystems without the extent feature".to_string())
-        } else {
-            (read_only, reason)
-        };
+        let (read_only, reason) =
+            if !read_only && !geo.has_extents { (true, NO_EXTENTS_READ_ONLY.to_string()) } else { (read_only, reason) };
         let cache = BufferCache::new(dev, geo.block_size, opts.cache_mb);
         let groups = Self::read_group_descriptors(&cache, &sb, &geo)?;
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
@@ -314,6 +319,7 @@ impl Filesystem {
             return Ok(());
         }
         self.check_descriptors()?;
+        self.check_block_bitmaps()?;
         // Before the journal is loaded (which writes its superblock): a refused open
         // must leave every byte as it was.
         self.check_orphan_list()?;
@@ -387,6 +393,36 @@ impl Filesystem {
                     "group descriptors",
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Reads every initialized block bitmap once and compares its free blocks with
+    /// the descriptor's count, so that no change discovers a disagreement halfway
+    /// (after, say, taking an inode). A group that disagrees is left alone, as the
+    /// kernel's mballoc leaves a group whose bitmap it finds corrupt: nothing is
+    /// handed out from it and its free blocks leave the filesystem's count.
+    fn check_block_bitmaps(&self) -> Result<()> {
+        for g in 0..self.geo.group_count {
+            let gd = self.groups[g as usize].read().clone();
+            if gd.bg_flags & crate::format::group_desc::EXT4_BG_BLOCK_UNINIT != 0 {
+                continue;
+            }
+            let buf = self.verified_block_bitmap(g, &gd)?;
+            let runs = crate::alloc::FreeRuns::from_bitmap(&buf.read(), self.blocks_in_group(g));
+            let mut slot = self.alloc.free_runs[g as usize].lock();
+            if runs.total() == gd.bg_free_blocks_count as u64 {
+                *slot = Some(runs);
+                continue;
+            }
+            eprintln!(
+                "uext4: corrupt filesystem: group {g}: block bitmap has {} free blocks, the descriptor says {}; \
+                 not allocating from it (run e2fsck)",
+                runs.total(),
+                gd.bg_free_blocks_count
+            );
+            self.alloc.free_blocks.fetch_sub(gd.bg_free_blocks_count as u64, std::sync::atomic::Ordering::Relaxed);
+            *slot = Some(crate::alloc::FreeRuns::default());
         }
         Ok(())
     }

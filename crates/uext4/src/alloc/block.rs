@@ -86,6 +86,12 @@ impl Filesystem {
             tx.dirty(&buf);
             return Ok(buf);
         }
+        self.verified_block_bitmap(g, gd)
+    }
+
+    /// Group `g`'s initialized block bitmap, its checksum verified once.
+    pub(crate) fn verified_block_bitmap(&self, g: u32, gd: &GroupDesc) -> Result<Arc<Buffer>> {
+        let blk = gd.bg_block_bitmap;
         let verify = self.geo.metadata_csum && self.geo.verify_checksums;
         let (seed, ds, bits) = (self.geo.csum_seed, self.geo.desc_size, self.geo.blocks_per_group);
         let stored = gd.bg_block_bitmap_csum;
@@ -104,8 +110,6 @@ impl Filesystem {
     /// its group's bitmap, before a change that frees them starts: freeing one the
     /// bitmap already calls free would stop the change halfway.
     pub(crate) fn check_blocks_in_use(&self, ranges: &[(u64, u64)], what: &dyn Fn() -> String) -> Result<()> {
-        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
-        let (seed, ds, bits) = (self.geo.csum_seed, self.geo.desc_size, self.geo.blocks_per_group);
         for &(start, len) in ranges {
             let mut block = start;
             while block < start + len {
@@ -120,16 +124,7 @@ impl Filesystem {
                         what(),
                     ));
                 }
-                let (blk, stored) = (gd.bg_block_bitmap, gd.bg_block_bitmap_csum);
-                let buf = self.cache.get_verified(blk, |b| {
-                    if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
-                        return Err(Error::corrupt(
-                            "block bitmap checksum does not match",
-                            format!("group {g} bitmap block {blk}"),
-                        ));
-                    }
-                    Ok(())
-                })?;
+                let buf = self.verified_block_bitmap(g, &gd)?;
                 let data = buf.read();
                 if let Some(free) = (block..run_end).find(|b| !bitmap::test_bit(&data, (b - gstart) as usize)) {
                     return Err(Error::corrupt(format!("block {free} is in use but its bitmap says free"), what()));
@@ -177,11 +172,11 @@ impl Filesystem {
             let mut b = buf.write();
             let mut runs = self.alloc.free_runs[g as usize].lock();
             if runs.is_none() {
-                // The first look at this group's bitmap: it must agree with the
-                // descriptor, whose count every allocation here decrements. If not,
-                // the group is left alone, as the kernel's mballoc leaves a group
-                // whose bitmap it finds corrupt: nothing is handed out from it (only
-                // blocks freed later), and the allocation goes on elsewhere.
+                // A group first used since the open (BLOCK_UNINIT then; the others
+                // were compared at open, `Filesystem::check_block_bitmaps`). Its
+                // bitmap must agree with the descriptor, whose count every allocation
+                // here decrements; if not, the group is left alone, as the kernel's
+                // mballoc leaves a group whose bitmap it finds corrupt.
                 let built = crate::alloc::FreeRuns::from_bitmap(&b, nbits as u32);
                 if built.total() != gd.bg_free_blocks_count as u64 {
                     eprintln!(
@@ -190,14 +185,8 @@ impl Filesystem {
                         built.total(),
                         gd.bg_free_blocks_count
                     );
-                    // The filesystem-wide count (the superblock's at sync) follows
-                    // the bitmap, which is what the blocks really are.
-                    let (bitmap, desc) = (built.total(), gd.bg_free_blocks_count as u64);
-                    if desc > bitmap {
-                        self.alloc.free_blocks.fetch_sub(desc - bitmap, Ordering::Relaxed);
-                    } else {
-                        self.alloc.free_blocks.fetch_add(bitmap - desc, Ordering::Relaxed);
-                    }
+                    // Its free blocks leave the filesystem's count, as the kernel's.
+                    self.alloc.free_blocks.fetch_sub(gd.bg_free_blocks_count as u64, Ordering::Relaxed);
                     *runs = Some(crate::alloc::FreeRuns::default());
                     return Ok(None);
                 }
