@@ -318,6 +318,12 @@ impl Filesystem {
         if self.read_only {
             return Ok(());
         }
+        // New hash indexes take the default hash version: one e2fsck and the kernel
+        // do not know would make every directory uext4 indexes unreadable to them.
+        let hash = self.geo.def_hash_version;
+        if self.geo.has_dir_index && hash > 2 {
+            return Err(Error::corrupt(format!("default directory hash version {hash} is unknown"), "superblock"));
+        }
         self.check_descriptors()?;
         self.check_block_bitmaps()?;
         // Before the journal is loaded (which writes its superblock): a refused open

@@ -1399,3 +1399,21 @@ fn write_fuzz_findings_replay_soundly() {
     eprintln!("{} kept inputs: {refused} refused, {clean} succeeded, {stopped} stopped by Corrupt", inputs.len());
     assert!(failures.is_empty(), "{} replay failures:\n{}", failures.len(), failures.join("\n"));
 }
+
+#[test]
+fn unknown_hash_version_and_short_directories_refuse_writes() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let base = fixture(Shape::Csum);
+    // New indexes would take it, and e2fsck calls it unsupported.
+    let img = with_superblock(&base, |sb| sb[0xFC] = 4);
+    assert_write_refused("s_def_hash_version 4", &img, &["hash version 4"], &|_| Ok(()));
+    // A directory of size 0 lists nothing but still holds its entries: rmdir must not
+    // take it for empty (the kernel's ext4_empty_dir calls it corrupt).
+    let mut img = base.clone();
+    edit_inode(&mut img, ino_of(&base, "/big"), |s| uext4::format::bytes::put_le32(s, 0x4, 0));
+    assert_write_refused("rmdir of a 0-byte directory", &img, &["shorter than one block"], &|fs| {
+        fs.rmdir(ROOT_INO, b"big")
+    });
+}

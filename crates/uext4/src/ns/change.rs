@@ -243,6 +243,14 @@ impl Filesystem {
             (false, true) => return Err(Error::IsADirectory(format!("{} (use rmdir)", shown()))),
             _ => {}
         }
+        // As the kernel's ext4_empty_dir: a directory shorter than one block cannot
+        // be shown empty (its entries may lie past i_size); it is corrupt.
+        if want_dir && !inode.has_flag(EXT4_INLINE_DATA_FL) && inode.i_size < self.geo.block_size as u64 {
+            return Err(Error::corrupt(
+                format!("directory of {} bytes is shorter than one block", inode.i_size),
+                format!("directory inode {ino}"),
+            ));
+        }
         if want_dir && self.read_dir(ino)?.iter().any(|e| e.name != b"." && e.name != b"..") {
             return Err(Error::NotEmpty(shown()));
         }

@@ -631,17 +631,22 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
 
 /// The problems e2fsck reports after that it did not before, less those that follow
 /// from one already there: the superblock's free totals are the sums of the group
-/// counts (the kernel writes them so too), and removing the only name of an inode
-/// whose links count was too high leaves it unattached (as the kernel would).
+/// counts (the kernel writes them so too), and removing a name of an inode whose
+/// links count was wrong leaves it unattached, or freed while another name remains
+/// (as the kernel's unlink would: it trusts the count).
 pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
     let implied = |p: &str| {
         // A wrong superblock total follows from a wrong group count; an inode left
         // without names after an unlink, from a links count that was already wrong.
         let total = before.iter().any(|b| b.starts_with(&format!("{p} for group")));
-        let unattached = p
-            .strip_prefix("Unattached inode ")
-            .is_some_and(|ino| before.contains(&format!("Inode {ino} ref count is wrong")));
-        total || unattached
+        let count_was_wrong = |ino: &str| before.contains(&format!("Inode {ino} ref count is wrong"));
+        let unattached = p.strip_prefix("Unattached inode ").is_some_and(count_was_wrong);
+        // ... or, the other way, freed with a name still naming it.
+        let freed = p
+            .strip_suffix('.')
+            .and_then(|p| p.rsplit_once(" has deleted/unused inode "))
+            .is_some_and(|(_, ino)| count_was_wrong(ino));
+        total || unattached || freed
     };
     after.difference(before).filter(|p| !implied(p)).cloned().collect()
 }
