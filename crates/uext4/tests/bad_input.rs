@@ -1001,6 +1001,16 @@ fn hostile_extent_trees_refuse_writes_before_any_damage() {
     ] {
         assert_write_refused(&format!("{op} through an empty index node"), &empty_index, &["extent", "no entries"], f);
     }
+    // The kernel's view of the same node: it refuses the tree too (its page reads
+    // turn EFSCORRUPTED into EIO).
+    if oracle::require_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty-index.img");
+        std::fs::write(&path, &empty_index).unwrap();
+        let mount = oracle::Mount::new(&path, "ro");
+        let err = std::fs::read(mount.dir.join("sparse")).expect_err("the kernel refuses the tree");
+        assert!(matches!(err.raw_os_error(), Some(5 | 117)), "the kernel's error: {err}");
+    }
     let no_max = edit_index(&|b| put_le16(b, 4, 0));
     assert_write_refused("eh_max 0", &no_max, &["extent", "eh_max 0"], &|fs| write_at(fs, "sparse", 0));
     // The index node's first key disagrees with the root's entry for it.
@@ -1195,6 +1205,17 @@ fn deleted_inode_named_by_a_directory_is_corrupt_and_never_freed() {
     }
     drop(fs);
     assert!(dev.contents() == img, "a read-only open wrote to the image");
+    // The kernel's lookup gives the same errno (EUCLEAN) on a read-only mount.
+    if oracle::require_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deleted.img");
+        std::fs::write(&path, &img).unwrap();
+        let mount = oracle::Mount::new(&path, "ro");
+        let err = std::fs::symlink_metadata(mount.dir.join("small")).expect_err("the kernel refuses the lookup");
+        assert_eq!(err.raw_os_error(), Some(117), "the kernel's errno: {err}");
+        drop(mount);
+        assert!(std::fs::read(&path).unwrap() == img, "the read-only mount changed the image");
+    }
     // Read-write: no operation through the name may use or free the inode.
     assert_write_refused("unlink", &img, &["deleted inode"], &|fs| fs.unlink(ROOT_INO, b"small"));
     assert_write_refused("write", &img, &["deleted inode"], &|fs| write_at(fs, "small", 0));
