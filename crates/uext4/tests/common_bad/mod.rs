@@ -633,7 +633,8 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
 /// from one already there: the superblock's free totals are the sums of the group
 /// counts (the kernel writes them so too), and removing a name of an inode whose
 /// links count was wrong leaves it unattached, or freed while another name remains
-/// (as the kernel's unlink would: it trusts the count).
+/// (as the kernel's unlink would: it trusts the count), as does freeing an inode
+/// whose blocks e2fsck already found claimed twice.
 pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
     let implied = |p: &str| {
         // A wrong superblock total follows from a wrong group count; an inode left
@@ -642,10 +643,14 @@ pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<
         let count_was_wrong = |ino: &str| before.contains(&format!("Inode {ino} ref count is wrong"));
         let unattached = p.strip_prefix("Unattached inode ").is_some_and(count_was_wrong);
         // ... or, the other way, freed with a name still naming it.
+        // ... or when its blocks were shared with another inode's: freeing one frees
+        // the other's too.
+        let shared =
+            |ino: &str| before.iter().any(|b| b.starts_with(&format!("Multiply-claimed block(s) in inode {ino}:")));
         let freed = p
             .strip_suffix('.')
             .and_then(|p| p.rsplit_once(" has deleted/unused inode "))
-            .is_some_and(|(_, ino)| count_was_wrong(ino));
+            .is_some_and(|(_, ino)| count_was_wrong(ino) || shared(ino));
         total || unattached || freed
     };
     after.difference(before).filter(|p| !implied(p)).cloned().collect()
