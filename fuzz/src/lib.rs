@@ -51,18 +51,9 @@ fn builtin_seed() -> Vec<u8> {
     dev.into_inner()
 }
 
-fn is_whole_image(data: &[u8]) -> bool {
-    data.len() >= 2048 && data[1024 + 0x38..1024 + 0x3A] == [0x53, 0xEF]
-}
-
-/// The image an input stands for.
+/// The image an input stands for (see `uext4::fuzzing::image_for`).
 pub fn image_for(data: &[u8]) -> Vec<u8> {
-    if is_whole_image(data) {
-        return data.to_vec();
-    }
-    let seeds = seeds();
-    let (sel, edits) = data.split_first().map(|(s, e)| (*s as usize, e)).unwrap_or((0, &[]));
-    fuzzing::mutate(&seeds[sel % seeds.len()], edits)
+    fuzzing::image_for(seeds(), data)
 }
 
 /// Opens the image an input stands for and walks it, with and without checksum
@@ -79,5 +70,28 @@ pub fn run(data: &[u8]) {
             Err(Error::Corrupt { .. } | Error::Unsupported { .. }) => {}
             Err(e) => panic!("open failed with an unexpected error kind: {e:?}"),
         }
+    }
+}
+
+/// Opens the image an input stands for read-write and runs `fuzzing::write_script`
+/// on it (in memory). Corrupt and ordinary refusals are expected outcomes; a panic,
+/// a hang, an error of a kind no damaged image should cause, or a refused open that
+/// changed the image is a finding. Whether a successful script left the image as
+/// sound as it found it needs e2fsck, which is too slow for the loop: the replay
+/// test `write_fuzz_findings_replay_soundly` in `crates/uext4/tests/bad_input.rs`
+/// runs the kept inputs (`fuzz/kept/write_script/`) through it.
+pub fn run_write(data: &[u8]) {
+    let image = image_for(data);
+    let opts = Options { cache_mb: 4, inode_cache_entries: 1024, ..Options::default() };
+    let (result, after) = fuzzing::open_and_write_bytes(image.clone(), opts);
+    match result {
+        Ok(report) => assert!(report.other == 0, "unexpected error kind: {:?}", report.messages),
+        Err(Error::Corrupt { .. } | Error::Unsupported { .. }) => {
+            // A journal needing recovery is replayed first (as the kernel's mount
+            // does), and stays replayed if the open then refuses.
+            let needs_recovery = image.get(1024 + 0x60).is_some_and(|b| b & 0x4 != 0);
+            assert!(needs_recovery || after == image, "a refused writable open changed the image")
+        }
+        Err(e) => panic!("open failed with an unexpected error kind: {e:?}"),
     }
 }

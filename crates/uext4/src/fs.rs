@@ -43,6 +43,9 @@ const RO_COMPAT_SUPPORTED: u32 = RO_COMPAT_SPARSE_SUPER
 
 const INODE_CACHE_SHARDS: usize = 16;
 
+/// uext4 writes only extent-mapped files: without the extent feature, read-only.
+const NO_EXTENTS_READ_ONLY: &str = "opened read-only: uext4 does not write filesystems without the extent feature";
+
 #[derive(Clone, Debug)]
 pub struct Options {
     pub read_only: bool,
@@ -137,6 +140,9 @@ pub struct Filesystem {
     pub(crate) inode_locks: crate::locks::LockTable,
     /// The jbd2 journal metadata is written through (writable opens of images with one).
     pub(crate) journal: Option<crate::journal::log::Journal>,
+    /// Group metadata (superblock copies, descriptors, bitmaps, inode tables) as
+    /// sorted, merged block ranges [start, end): no file block may lie there.
+    system_zone: Vec<(u64, u64)>,
 }
 
 /// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
@@ -211,6 +217,11 @@ impl Filesystem {
             reason = format!("ro_compat features {unknown_ro:#x} are not understood for writing");
             read_only = true;
         }
+        // Decided here, before a writable open would replay the journal onto the image.
+        if !read_only && !sb.has_incompat(INCOMPAT_EXTENTS) {
+            reason = NO_EXTENTS_READ_ONLY.to_string();
+            read_only = true;
+        }
         check_device_size(dev.as_ref(), &sb)?;
 
         let mut dev = dev;
@@ -270,11 +281,8 @@ impl Filesystem {
             verify_checksums: !opts.ignore_checksums,
         };
         // uext4 writes only extent-mapped files: without the extent feature, read-only.
-        let (read_only, reason) = if !read_only && !geo.has_extents {
-            (true, "opened read-only: uext4 does not write filesystems without the extent feature".to_string())
-        } else {
-            (read_only, reason)
-        };
+        let (read_only, reason) =
+            if !read_only && !geo.has_extents { (true, NO_EXTENTS_READ_ONLY.to_string()) } else { (read_only, reason) };
         let cache = BufferCache::new(dev, geo.block_size, opts.cache_mb);
         // As the kernel's ext4_check_descriptors: a descriptor whose only fault is
         // its checksum refuses a writable mount and lets a read-only one go on.
@@ -320,20 +328,174 @@ impl Filesystem {
             damage_at_open: bad_checksum,
             replayed_journal_blocks,
             journal: None,
+            system_zone: Vec::new(),
         };
         let mut fs = fs;
-        // Orphans a previous session (uext4's or the kernel's) left in the chain or
-        // the orphan file: checked before the first write, freed after the journal
-        // is ready.
-        let orphans = if fs.read_only { None } else { Some(fs.pending_orphans()?) };
-        if !fs.read_only && fs.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
-            let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
-            fs.journal = Some(crate::journal::log::Journal::load(&fs, interval)?);
-        }
-        if let Some(orphans) = orphans.filter(|o| !o.is_empty()) {
-            fs.process_orphans(&orphans)?;
+        fs.system_zone = fs.metadata_ranges().into_iter().map(|(start, end, _)| (start, end)).collect();
+        fs.system_zone.sort_unstable();
+        fs.system_zone.dedup_by(|next, prev| {
+            let joins = next.0 <= prev.1;
+            if joins {
+                prev.1 = prev.1.max(next.1);
+            }
+            joins
+        });
+        if let Err(e) = fs.prepare_writes(&opts) {
+            // Refused: nothing may be written back, dropping it included.
+            fs.read_only = true;
+            return Err(e);
         }
         Ok(fs)
+    }
+
+    /// What a writable open does before it hands the filesystem out: check the group
+    /// descriptors, load the journal, finish the orphans of a previous session.
+    fn prepare_writes(&mut self, opts: &Options) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        // New hash indexes take the default hash version: one e2fsck and the kernel
+        // do not know would make every directory uext4 indexes unreadable to them.
+        let hash = self.geo.def_hash_version;
+        if self.geo.has_dir_index && hash > 2 {
+            return Err(Error::corrupt(format!("default directory hash version {hash} is unknown"), "superblock"));
+        }
+        self.check_descriptors()?;
+        self.check_block_bitmaps()?;
+        // Orphans a previous session (uext4's or the kernel's) left in the chain or
+        // the orphan file are checked before the journal is loaded (which writes its
+        // superblock): a refused open must leave every byte as it was. They are
+        // freed once the journal is ready.
+        let orphans = self.pending_orphans()?;
+        if self.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+            let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
+            self.journal = Some(crate::journal::log::Journal::load(self, interval)?);
+        }
+        if !orphans.is_empty() {
+            self.process_orphans(&orphans)?;
+        }
+        Ok(())
+    }
+
+    /// Every group's fixed metadata: (first block, end, what), unsorted.
+    fn metadata_ranges(&self) -> Vec<(u64, u64, String)> {
+        let itable_blocks =
+            (self.geo.inodes_per_group as u64 * self.geo.inode_size as u64).div_ceil(self.geo.block_size as u64);
+        let mut ranges = Vec::with_capacity(self.groups.len() * 4);
+        for (g, gd) in self.groups.iter().enumerate() {
+            let gd = gd.read();
+            let start = self.group_first_block(g as u32);
+            let base = self.base_meta_blocks(g as u32);
+            if base > 0 {
+                ranges.push((start, start + base, format!("group {g} superblock and descriptors")));
+            }
+            ranges.push((gd.bg_block_bitmap, gd.bg_block_bitmap + 1, format!("group {g} block bitmap")));
+            ranges.push((gd.bg_inode_bitmap, gd.bg_inode_bitmap + 1, format!("group {g} inode bitmap")));
+            ranges.push((gd.bg_inode_table, gd.bg_inode_table + itable_blocks, format!("group {g} inode table")));
+        }
+        ranges
+    }
+
+    /// The kernel's ext4_check_descriptors, and what the allocators rely on: each
+    /// group's bitmaps and inode table lie in the filesystem (in their own group
+    /// without flex_bg) and overlap neither the superblock and descriptors nor one
+    /// another, and its free counts fit the group. Run before any writable open:
+    /// new files would otherwise get blocks on top of the metadata.
+    fn check_descriptors(&self) -> Result<()> {
+        let flex_bg = self.sb.read().has_incompat(INCOMPAT_FLEX_BG);
+        let ipg = self.geo.inodes_per_group;
+        for (g, gd) in self.groups.iter().enumerate() {
+            let gd = gd.read();
+            let g = g as u32;
+            let (first, in_group) = (self.group_first_block(g), self.blocks_in_group(g));
+            let bad = |what: String| Err(Error::corrupt(what, format!("group {g} descriptor")));
+            if gd.bg_free_blocks_count > in_group {
+                return bad(format!("{} free blocks in a group of {in_group}", gd.bg_free_blocks_count));
+            }
+            if gd.bg_free_inodes_count > ipg {
+                return bad(format!("{} free inodes in a group of {ipg}", gd.bg_free_inodes_count));
+            }
+            if gd.bg_itable_unused > ipg {
+                return bad(format!("{} unused inode table entries in a group of {ipg}", gd.bg_itable_unused));
+            }
+            if !flex_bg {
+                for (what, b) in [("block bitmap", gd.bg_block_bitmap), ("inode bitmap", gd.bg_inode_bitmap)] {
+                    if b < first || b >= first + in_group as u64 {
+                        return bad(format!("{what} at block {b} is not in the group"));
+                    }
+                }
+            }
+        }
+        let mut ranges = self.metadata_ranges();
+        ranges.sort_unstable_by_key(|r| (r.0, r.1));
+        for w in ranges.windows(2) {
+            let ((a_start, a_end, a), (b_start, b_end, b)) = (&w[0], &w[1]);
+            if b_start < a_end {
+                return Err(Error::corrupt(
+                    format!("{b} (blocks {b_start}..{b_end}) overlaps {a} (blocks {a_start}..{a_end})"),
+                    "group descriptors",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads every initialized block bitmap once and compares its free blocks with
+    /// the descriptor's count, so that no change discovers a disagreement halfway
+    /// (after, say, taking an inode). A group that disagrees is left alone, as the
+    /// kernel's mballoc leaves a group whose bitmap it finds corrupt: nothing is
+    /// handed out from it and its free blocks leave the filesystem's count.
+    fn check_block_bitmaps(&self) -> Result<()> {
+        for g in 0..self.geo.group_count {
+            let gd = self.groups[g as usize].read().clone();
+            if gd.bg_flags & crate::format::group_desc::EXT4_BG_BLOCK_UNINIT != 0 {
+                continue;
+            }
+            let buf = self.verified_block_bitmap(g, &gd)?;
+            let runs = crate::alloc::FreeRuns::from_bitmap(&buf.read(), self.blocks_in_group(g));
+            let mut slot = self.alloc.free_runs[g as usize].lock();
+            if runs.total() == gd.bg_free_blocks_count as u64 {
+                *slot = Some(runs);
+                continue;
+            }
+            eprintln!(
+                "uext4: corrupt filesystem: group {g}: block bitmap has {} free blocks, the descriptor says {}; \
+                 not allocating from it (run e2fsck)",
+                runs.total(),
+                gd.bg_free_blocks_count
+            );
+            self.alloc.free_blocks.fetch_sub(gd.bg_free_blocks_count as u64, std::sync::atomic::Ordering::Relaxed);
+            *slot = Some(crate::alloc::FreeRuns::default());
+        }
+        Ok(())
+    }
+
+    /// Blocks [start, start + len) may hold file data or tree nodes: inside the
+    /// filesystem, past the first data block, and clear of the group metadata.
+    pub(crate) fn check_metadata_free_range(&self, start: u64, len: u64, what: &dyn Fn() -> String) -> Result<()> {
+        let end =
+            start.checked_add(len).filter(|&e| start > self.geo.first_data_block as u64 && e <= self.geo.blocks_count);
+        let Some(end) = end else {
+            return Err(Error::corrupt(
+                format!(
+                    "blocks {start}..+{len} lie outside the filesystem ({}..{})",
+                    self.geo.first_data_block + 1,
+                    self.geo.blocks_count
+                ),
+                what(),
+            ));
+        };
+        // The last zone starting before `end` is the only one that can overlap.
+        let at = self.system_zone.partition_point(|z| z.0 < end);
+        if let Some(&(zs, ze)) = at.checked_sub(1).and_then(|i| self.system_zone.get(i)) {
+            if ze > start {
+                return Err(Error::corrupt(
+                    format!("blocks {start}..{end} overlap filesystem metadata (blocks {zs}..{ze})"),
+                    what(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Where group `group`'s descriptor lives: (block, byte offset in it).

@@ -350,3 +350,202 @@ fn put(img: &mut [u8], off: usize, bytes: &[u8]) {
     let n = bytes.len().min(img.len() - off);
     img[off..off + n].copy_from_slice(&bytes[..n]);
 }
+
+/// What the write script met: each step's outcome, in order.
+#[derive(Debug, Default)]
+pub struct ScriptReport {
+    /// Steps that succeeded.
+    pub ok: u64,
+    /// Steps refused with an ordinary answer for that call (ENOENT, EEXIST, ENOSPC,
+    /// ENOTEMPTY, ENOTDIR, EISDIR, EOPNOTSUPP, EROFS when the image opens only
+    /// read-only, ...): nothing was changed.
+    pub refused: u64,
+    /// Steps that found the image corrupt (EUCLEAN).
+    pub corrupt: u64,
+    /// Errors no damaged image should cause (I/O, EBUSY, EPERM, ...).
+    pub other: u64,
+    /// The first few error messages, with the step that met them.
+    pub messages: Vec<String>,
+}
+
+impl ScriptReport {
+    fn note<T>(&mut self, step: &str, r: Result<T>) -> Option<T> {
+        let kind = match r {
+            Ok(v) => {
+                self.ok += 1;
+                return Some(v);
+            }
+            Err(ref e @ Error::Corrupt { .. }) => {
+                self.corrupt += 1;
+                format!("corrupt: {e}")
+            }
+            Err(
+                ref e @ (Error::NotFound(_)
+                | Error::Exists(_)
+                | Error::NoSpace(_)
+                | Error::NotEmpty(_)
+                | Error::NotADirectory(_)
+                | Error::IsADirectory(_)
+                | Error::TooManyLinks(_)
+                | Error::FileTooLarge(_)
+                | Error::ReadOnly(_)
+                // The script's own arguments are valid: EINVAL comes from what the
+                // image holds (a name that now leads to a directory, say).
+                | Error::Invalid(_)
+                | Error::Unsupported { .. }),
+            ) => {
+                self.refused += 1;
+                format!("refused: {e}")
+            }
+            Err(e) => {
+                self.other += 1;
+                format!("OTHER: {e}")
+            }
+        };
+        if self.messages.len() < KEPT_MESSAGES {
+            self.messages.push(format!("{step}: {kind}"));
+        }
+        None
+    }
+
+    /// Whether every step either succeeded or was refused in an ordinary way: the
+    /// result must then be as sound (per e2fsck) as the input was.
+    pub fn clean(&self) -> bool {
+        self.corrupt == 0 && self.other == 0
+    }
+}
+
+/// Entries a tree removal visits at most: a hostile image cannot make it long.
+const MAX_REMOVED: usize = 600;
+
+/// The fixed script of changes the write-path fuzz target and its replay run on an
+/// image made by `fuzz/make_seeds.sh` (names it lacks are simply not found): create,
+/// write, truncate, rename, unlink, setxattr and removing a tree, then a sync.
+pub fn write_script(fs: &Filesystem) -> ScriptReport {
+    use crate::ns::change::{Owner, SetAttr};
+    let mut r = ScriptReport::default();
+    let owner = Owner { uid: 0, gid: 0 };
+    let root = ROOT_INO;
+    let find = |path: &[u8]| fs.lookup_path(path);
+
+    if let Some(st) = r.note("mkdir /fz", fs.mkdir(root, b"fz", 0o755, owner)) {
+        if let Some(f) = r.note("create /fz/f", fs.create(st.ino, b"f", 0o644, owner)) {
+            let data: Vec<u8> = (0..10_000u32).map(|i| (i * 13 % 251) as u8).collect();
+            r.note("write /fz/f", fs.write(f.ino, 0, &data));
+            r.note("write /fz/f far", fs.write(f.ino, 200 << 10, &data[..3000]));
+            let shrink = SetAttr { size: Some(5000), ..SetAttr::default() };
+            r.note("truncate /fz/f", fs.setattr(f.ino, &shrink));
+            r.note("rename /fz/f /renamed", fs.rename(st.ino, b"f", root, b"renamed", 0));
+        }
+        for i in 0..24u32 {
+            let name = format!("n{i:02}-{}", "y".repeat(40));
+            if r.note("create in /fz", fs.create(st.ino, name.as_bytes(), 0o600, owner)).is_none() {
+                break;
+            }
+        }
+    }
+    // Files that already exist: their extent trees and blocks are the image's.
+    for (path, off) in [(&b"/medium"[..], 1000u64), (b"/sparse", 3 * 1024 + 17), (b"/small", 4096)] {
+        if let Some(ino) = r.note("lookup", find(path)) {
+            let step = format!("write {}", String::from_utf8_lossy(path));
+            r.note(&step, fs.write(ino, off, b"written by the fuzz script"));
+        }
+    }
+    if let Some(ino) = r.note("lookup /sparse", find(b"/sparse")) {
+        let shrink = SetAttr { size: Some(100_000), ..SetAttr::default() };
+        r.note("truncate /sparse", fs.setattr(ino, &shrink));
+    }
+    if let Some(ino) = r.note("lookup /attrs", find(b"/attrs")) {
+        r.note("setxattr /attrs", fs.set_xattr(ino, b"user.fuzz", &[7u8; 300], 0));
+        r.note("removexattr /attrs", fs.remove_xattr(ino, b"user.small"));
+    }
+    if let Some(ino) = r.note("lookup /medium", find(b"/medium")) {
+        r.note("setxattr /medium", fs.set_xattr(ino, b"user.fuzz", b"value", 0));
+    }
+    if let Some(fz) = r.note("lookup /fz", find(b"/fz")) {
+        r.note("rename /small /fz/small", fs.rename(root, b"small", fz, b"small", 0));
+    }
+    r.note("unlink /short-link", fs.unlink(root, b"short-link"));
+    r.note("unlink /renamed", fs.unlink(root, b"renamed"));
+    let mut budget = MAX_REMOVED;
+    for name in [&b"big"[..], b"a"] {
+        remove_tree(fs, root, name, &mut budget, &mut r);
+    }
+    r.note("sync", fs.sync());
+    r
+}
+
+/// Removes `parent/name` and everything under it, depth first, within `budget`
+/// entries; errors are noted and the removal goes on with the next entry.
+fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8], budget: &mut usize, r: &mut ScriptReport) {
+    if *budget == 0 {
+        return;
+    }
+    *budget -= 1;
+    let Some(Some(ino)) = r.note("lookup in tree", fs.lookup(parent, name)) else { return };
+    let Some(st) = r.note("stat in tree", fs.stat(ino)) else { return };
+    if st.file_type != FileType::Directory {
+        r.note("unlink in tree", fs.unlink(parent, name));
+        return;
+    }
+    if let Some(entries) = r.note("read_dir in tree", fs.read_dir(ino)) {
+        for e in entries {
+            if e.name != b"." && e.name != b".." {
+                remove_tree(fs, ino, &e.name, budget, r);
+            }
+        }
+    }
+    r.note("rmdir in tree", fs.rmdir(parent, name));
+}
+
+/// The changes the bad-input test makes to every image of the e2fsprogs corpus that
+/// opens read-write: a new directory with a written file in it, then the removal of
+/// the first directory the root holds (other than lost+found), then a sync.
+pub fn corpus_write_script(fs: &Filesystem) -> ScriptReport {
+    use crate::ns::change::Owner;
+    let mut r = ScriptReport::default();
+    let owner = Owner { uid: 0, gid: 0 };
+    if let Some(st) = r.note("mkdir /uext4-new", fs.mkdir(ROOT_INO, b"uext4-new", 0o755, owner)) {
+        if let Some(f) = r.note("create /uext4-new/file", fs.create(st.ino, b"file", 0o644, owner)) {
+            let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+            r.note("write /uext4-new/file", fs.write(f.ino, 0, &data));
+        }
+    }
+    let victim = r.note("read_dir /", fs.read_dir(ROOT_INO)).and_then(|entries| {
+        entries.into_iter().find(|e| {
+            e.name != b"." && e.name != b".." && e.name != b"lost+found" && e.name != b"uext4-new"
+                // 2 is EXT4_FT_DIR; images without the filetype feature say 0.
+                && (e.file_type == 2 || fs.stat(e.ino).is_ok_and(|st| st.file_type == FileType::Directory))
+        })
+    });
+    if let Some(v) = victim {
+        let mut budget = MAX_REMOVED;
+        remove_tree(fs, ROOT_INO, &v.name, &mut budget, &mut r);
+    }
+    r.note("sync", fs.sync());
+    r
+}
+
+/// The image a fuzz input stands for: a whole image (at least 2 KiB with the ext4
+/// magic where the superblock keeps it), or a selector byte and edit records that
+/// `mutate` applies to seed `selector % seeds.len()`.
+pub fn image_for(seeds: &[Vec<u8>], data: &[u8]) -> Vec<u8> {
+    let whole = data.len() >= 2048 && data.get(1024 + 0x38..1024 + 0x3A) == Some(&[0x53, 0xEF][..]);
+    if whole || seeds.is_empty() {
+        return data.to_vec();
+    }
+    let (sel, edits) = data.split_first().map(|(s, e)| (*s as usize, e)).unwrap_or((0, &[]));
+    mutate(&seeds[sel % seeds.len()], edits)
+}
+
+/// Opens `image` read-write in memory and runs the write script on it. Returns the
+/// open's error, or the script's report; and the image as it was left (after the
+/// filesystem was dropped, so written back).
+pub fn open_and_write_bytes(image: Vec<u8>, opts: Options) -> (Result<ScriptReport>, Vec<u8>) {
+    let dev = Arc::new(MemDevice::new(image));
+    let result = match Filesystem::open_device(dev.clone(), Options { read_only: false, ..opts }) {
+        Ok(fs) => Ok(write_script(&fs)),
+        Err(e) => Err(e),
+    };
+    (result, dev.contents())
+}

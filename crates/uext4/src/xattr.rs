@@ -24,22 +24,30 @@ impl Filesystem {
         }
         if inode.i_file_acl != 0 {
             let blk = inode.i_file_acl;
-            self.check_block(blk, &|| format!("xattr block of inode {ino}"))?;
-            let verify = self.geo.metadata_csum && self.geo.verify_checksums;
-            let seed = self.geo.csum_seed;
-            let buf = self.cache.get_verified(blk, |b| {
-                xattr::parse_block(b, blk)?;
-                if verify {
-                    xattr::verify_block_checksum(b, blk, seed)?;
-                }
-                Ok(())
-            })?;
+            let buf = self.xattr_block(ino, blk)?;
             let data = buf.read();
             for (e, v) in xattr::parse_block(&data, blk)?.1 {
                 out.push(RawXattr { name: e.full_name(), value: v, name_index: e.e_name_index });
             }
         }
         Ok(out)
+    }
+
+    /// Inode `ino`'s xattr block `blk`, checked before anything reads or changes it:
+    /// inside the filesystem and clear of its metadata, parsed, and its checksum
+    /// verified once through the cache.
+    pub(crate) fn xattr_block(&self, ino: u32, blk: u64) -> Result<std::sync::Arc<crate::cache::Buffer>> {
+        self.check_metadata_free_range(blk, 1, &|| format!("xattr block of inode {ino}"))?;
+        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
+        let seed = self.geo.csum_seed;
+        let buf = self.cache.get_verified(blk, |b| {
+            if verify {
+                xattr::verify_block_checksum(b, blk, seed)?;
+            }
+            Ok(())
+        })?;
+        xattr::parse_block(&buf.read(), blk)?;
+        Ok(buf)
     }
 
     /// Attributes as `listxattr`/`getxattr` show them: system.data (inline data)
@@ -201,8 +209,9 @@ impl Filesystem {
         let old_block = inode.i_file_acl;
         let mut old_refcount = 0;
         if old_block != 0 {
-            self.check_block(old_block, &|| format!("xattr block of inode {ino}"))?;
-            let buf = self.cache.get(old_block)?;
+            let buf = self.xattr_block(ino, old_block)?;
+            // It may be freed or rewritten: it must be ours per the bitmap.
+            self.check_blocks_in_use(&[(old_block, 1)], &|| format!("xattr block of inode {ino}"))?;
             let (h, entries) = xattr::parse_block(&buf.read(), old_block)?;
             old_refcount = h.h_refcount;
             for (e, v) in entries {
@@ -314,8 +323,7 @@ impl Filesystem {
         if blk == 0 {
             return Ok(());
         }
-        self.check_block(blk, &|| format!("xattr block of inode {ino}"))?;
-        let buf = self.cache.get(blk)?;
+        let buf = self.xattr_block(ino, blk)?;
         let refcount = xattr::parse_block(&buf.read(), blk)?.0.h_refcount;
         if refcount <= 1 {
             drop(buf);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uext4::dev::MemDevice;
 use uext4::fuzzing::{self, Budget};
-use uext4::{Filesystem, Options};
+use uext4::{Filesystem, Options, ROOT_INO};
 
 /// Time one corpus image may take (open and walk, both checksum modes).
 const CORPUS_IMAGE_LIMIT: Duration = Duration::from_secs(20);
@@ -27,8 +27,13 @@ const TRIAL_LIMIT: Duration = Duration::from_secs(10);
 /// Peak memory the whole test binary may reach.
 const PEAK_RSS_LIMIT_MIB: u64 = 3 * 1024;
 
+/// ../shared/corpus/e2fsprogs beside the checkout, or $UEXT4_E2FSPROGS_CORPUS (for
+/// checkouts elsewhere, such as worktrees).
 fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/e2fsprogs")
+    match std::env::var_os("UEXT4_E2FSPROGS_CORPUS") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/e2fsprogs"),
+    }
 }
 
 #[derive(Default)]
@@ -542,7 +547,11 @@ fn absurd_inode_and_node_counts_are_corrupt_without_huge_allocations() {
     let medium = ino_of(&base, "/medium");
     let deep = ino_of(&base, "/deep");
     let a = ino_of(&base, "/a");
-    let attrs = ino_of(&base, "/attrs");
+    // /attrs has xattrs only where the host has setfattr.
+    let attrs = Filesystem::open_device(Arc::new(MemDevice::new(base.clone())), opts(true))
+        .unwrap()
+        .lookup_path(b"/attrs")
+        .ok();
     let (_, idx, seed) = sparse_index(&base);
     let mut cases: Vec<(String, Vec<u8>, Vec<&str>)> = Vec::new();
     let mut edit = |what: &str, ino: u32, words: Vec<&'static str>, f: &dyn Fn(&mut [u8])| {
@@ -567,13 +576,15 @@ fn absurd_inode_and_node_counts_are_corrupt_without_huge_allocations() {
     // A regular file of 2^63 bytes, mostly holes: reads must stay bounded.
     edit("file of 2^63 bytes", medium, vec![], &|s| put_le32(s, 0x6C, 1 << 31));
     edit("symlink of 2^32+3 bytes", ino_of(&base, "/long-link"), vec!["symlink"], &|s| put_le32(s, 0x6C, 1));
-    edit("xattr block pointer past the end", attrs, vec!["xattr", "outside"], &|s| put_le32(s, 0x68, 0xFFFF_0000));
-    // The first in-inode xattr (after the 128 + i_extra_isize bytes and the magic)
-    // claims a 4 GiB value.
-    edit("in-inode e_value_size 2^32-1", attrs, vec!["xattr", "value"], &|s| {
-        let first = 128 + u16::from_le_bytes([s[0x80], s[0x81]]) as usize + 4;
-        put_le32(s, first + 8, u32::MAX);
-    });
+    edit("xattr block pointer past the end", medium, vec!["xattr", "outside"], &|s| put_le32(s, 0x68, 0xFFFF_0000));
+    if let Some(attrs) = attrs {
+        // The first in-inode xattr (after the 128 + i_extra_isize bytes and the
+        // magic) claims a 4 GiB value.
+        edit("in-inode e_value_size 2^32-1", attrs, vec!["xattr", "value"], &|s| {
+            let first = 128 + u16::from_le_bytes([s[0x80], s[0x81]]) as usize + 4;
+            put_le32(s, first + 8, u32::MAX);
+        });
+    }
     // Extent index block whose eh_entries exceeds eh_max.
     let mut img = base.clone();
     {
@@ -889,4 +900,541 @@ fn hostile_htree_indexes_are_corrupt() {
         assert!(matches!(err, uext4::Error::Corrupt { .. }), "{what}: {msg}");
         assert!(words.iter().all(|w| msg.contains(w)), "{what}: {msg} should mention {words:?}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Writes on hostile images: refused before any damage
+
+/// Opens `image` read-write in memory; the device stays readable after the
+/// filesystem is dropped (and has written back).
+fn open_rw(image: &[u8]) -> (Arc<MemDevice>, uext4::Result<Filesystem>) {
+    let dev = Arc::new(MemDevice::new(image.to_vec()));
+    let fs = Filesystem::open_device(dev.clone(), Options { read_only: false, ..opts(false) });
+    (dev, fs)
+}
+
+fn is_corrupt_mentioning(r: &uext4::Result<()>, words: &[&str]) -> bool {
+    match r {
+        Err(e @ uext4::Error::Corrupt { .. }) => {
+            let m = e.to_string().to_lowercase();
+            e.errno() == 117 && words.iter().all(|w| m.contains(&w.to_lowercase()))
+        }
+        _ => false,
+    }
+}
+
+/// Opens `image` read-write and runs `op`: the open or the operation must be refused
+/// as Corrupt (EUCLEAN) with a message holding `words`, and afterwards `e2fsck -fn`
+/// must find nothing it did not find before. A refused open must not have written
+/// a byte.
+fn assert_write_refused(what: &str, image: &[u8], words: &[&str], op: &dyn Fn(&Filesystem) -> uext4::Result<()>) {
+    let before = e2fsck_problems(image);
+    let (dev, fs) = open_rw(image);
+    match fs {
+        Err(e) => {
+            let r = Err(e);
+            assert!(is_corrupt_mentioning(&r, words), "{what}: open refused with {r:?}, not Corrupt naming {words:?}");
+            assert!(dev.contents() == image, "{what}: the refused open changed the image");
+        }
+        Ok(fs) => {
+            let r = op(&fs);
+            assert!(is_corrupt_mentioning(&r, words), "{what}: got {r:?}, not Corrupt naming {words:?}");
+            drop(fs);
+        }
+    }
+    let after = e2fsck_problems(&dev.contents());
+    let new = new_problems(&before, &after);
+    assert!(new.is_empty(), "{what}: e2fsck -fn finds new problems after the refusal: {new:?}");
+}
+
+/// Rewrites group `g`'s descriptor (with its checksum) after `f` changed it.
+fn with_group_desc(base: &[u8], g: u32, f: impl FnOnce(&mut uext4::format::group_desc::GroupDesc)) -> Vec<u8> {
+    let fs = Filesystem::open_device(Arc::new(MemDevice::new(base.to_vec())), opts(true)).unwrap();
+    let (block, off) = Filesystem::group_desc_location(&fs.superblock(), g);
+    let (ds, csum, bs) = (fs.geometry().desc_size, fs.geometry().gd_csum, fs.geometry().block_size);
+    let mut gd = fs.group_desc(g).unwrap();
+    drop(fs);
+    f(&mut gd);
+    let mut img = base.to_vec();
+    let at = block as usize * bs + off;
+    gd.write(&mut img[at..at + ds], ds, g, csum);
+    img
+}
+
+fn lookup_in_root(fs: &Filesystem, name: &str) -> uext4::Result<u32> {
+    fs.lookup(ROOT_INO, name.as_bytes())?.ok_or_else(|| uext4::Error::NotFound(name.into()))
+}
+
+fn write_at(fs: &Filesystem, name: &str, offset: u64) -> uext4::Result<()> {
+    fs.write(lookup_in_root(fs, name)?, offset, b"hostile").map(|_| ())
+}
+
+fn truncate(fs: &Filesystem, name: &str, size: u64) -> uext4::Result<()> {
+    fs.setattr(lookup_in_root(fs, name)?, &uext4::SetAttr { size: Some(size), ..Default::default() }).map(|_| ())
+}
+
+const ROOT_OWNER: uext4::Owner = uext4::Owner { uid: 0, gid: 0 };
+
+#[test]
+fn hostile_extent_trees_refuse_writes_before_any_damage() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::{put_le16, put_le32};
+    use uext4::format::extent::set_block_checksum;
+    let base = fixture(Shape::Csum);
+    let (_, idx, seed) = sparse_index(&base);
+    let edit_index = |f: &dyn Fn(&mut [u8])| {
+        let mut img = base.clone();
+        let b = block_mut(&mut img, idx);
+        f(b);
+        set_block_checksum(b, seed);
+        img
+    };
+    // The case that panicked at extent/write.rs:163: an index node without entries.
+    let empty_index = edit_index(&|b| put_le16(b, 2, 0));
+    for (op, f) in [
+        ("write", &(|fs: &Filesystem| write_at(fs, "sparse", 0)) as &dyn Fn(&Filesystem) -> uext4::Result<()>),
+        ("append", &|fs| write_at(fs, "sparse", 4 << 20)),
+        ("truncate", &|fs| truncate(fs, "sparse", 5000)),
+        ("unlink", &|fs| fs.unlink(ROOT_INO, b"sparse")),
+    ] {
+        assert_write_refused(&format!("{op} through an empty index node"), &empty_index, &["extent", "no entries"], f);
+    }
+    // The kernel's view of the same node: it refuses the tree too (its page reads
+    // turn EFSCORRUPTED into EIO).
+    if oracle::require_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty-index.img");
+        std::fs::write(&path, &empty_index).unwrap();
+        let mount = oracle::Mount::new(&path, "ro");
+        let err = std::fs::read(mount.dir.join("sparse")).expect_err("the kernel refuses the tree");
+        assert!(matches!(err.raw_os_error(), Some(5 | 117)), "the kernel's error: {err}");
+    }
+    let no_max = edit_index(&|b| put_le16(b, 4, 0));
+    assert_write_refused("eh_max 0", &no_max, &["extent", "eh_max 0"], &|fs| write_at(fs, "sparse", 0));
+    // The index node's first key disagrees with the root's entry for it.
+    let key = edit_index(&|b| put_le32(b, 12, 1));
+    assert_write_refused("first key off", &key, &["extent", "indexes it"], &|fs| truncate(fs, "sparse", 5000));
+    // Two index entries naming the same child: freeing the tree would free it twice.
+    let twice = edit_index(&|b| {
+        let first_child = uext4::format::bytes::le32(b, 12 + 4);
+        put_le32(b, 24 + 4, first_child);
+    });
+    assert_write_refused("child named twice", &twice, &["extent"], &|fs| fs.unlink(ROOT_INO, b"sparse"));
+
+    // /medium's first extent moved onto group 0's inode table: a write there would
+    // overwrite inodes.
+    let medium = ino_of(&base, "/medium");
+    let itable = {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(base.clone())), opts(true)).unwrap();
+        fs.group_desc(0).unwrap().bg_inode_table
+    };
+    let mut on_itable = base.clone();
+    edit_inode(&mut on_itable, medium, |s| put_le32(s, 0x28 + 12 + 8, itable as u32));
+    assert_write_refused("extent on the inode table", &on_itable, &["extent", "metadata"], &|fs| {
+        write_at(fs, "medium", 0)
+    });
+    let mut on_superblock = base.clone();
+    edit_inode(&mut on_superblock, medium, |s| put_le32(s, 0x28 + 12 + 8, 1));
+    assert_write_refused("extent on the superblock", &on_superblock, &["extent", "outside"], &|fs| {
+        write_at(fs, "medium", 0)
+    });
+    // An extent of length 0.
+    let mut zero_len = base.clone();
+    edit_inode(&mut zero_len, medium, |s| put_le16(s, 0x28 + 12 + 4, 0));
+    assert_write_refused("extent of length 0", &zero_len, &["extent", "length 0"], &|fs| truncate(fs, "medium", 10));
+}
+
+#[test]
+fn hostile_xattr_blocks_refuse_writes_before_any_damage() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    // A file with an xattr block, made by uext4 itself (the host may lack setfattr).
+    let mut base = fixture(Shape::Csum);
+    let (ino, block, csum_seed) = {
+        let (dev, fs) = open_rw(&base);
+        let fs = fs.unwrap();
+        let st = fs.create(ROOT_INO, b"xb", 0o644, ROOT_OWNER).unwrap();
+        fs.set_xattr(st.ino, b"user.big", &[b'v'; 700], 0).unwrap();
+        let block = fs.inode(st.ino).unwrap().i_file_acl;
+        let seed = fs.geometry().csum_seed;
+        drop(fs);
+        base = dev.contents();
+        (st.ino, block, seed)
+    };
+    assert!(block != 0, "the 700-byte value went to an xattr block");
+    assert!(e2fsck_problems(&base).is_empty(), "the base image is clean");
+    let mut img = base.clone();
+    {
+        let b = block_mut(&mut img, block);
+        uext4::format::bytes::put_le32(b, 8, 2); // h_blocks: the kernel allows only 1
+        uext4::format::xattr::set_block_checksum(b, block, csum_seed);
+    }
+    assert_write_refused("setxattr", &img, &["xattr block", "blocks"], &|fs| fs.set_xattr(ino, b"user.other", b"1", 0));
+    assert_write_refused("removexattr", &img, &["xattr block", "blocks"], &|fs| fs.remove_xattr(ino, b"user.big"));
+    assert_write_refused("unlink", &img, &["xattr block", "blocks"], &|fs| fs.unlink(ROOT_INO, b"xb"));
+    // An xattr block pointer aimed at a block bitmap.
+    let bitmap = {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(base.clone())), opts(true)).unwrap();
+        fs.group_desc(1).unwrap().bg_block_bitmap
+    };
+    let mut on_bitmap = base.clone();
+    edit_inode(&mut on_bitmap, ino, |s| uext4::format::bytes::put_le32(s, 0x68, bitmap as u32));
+    assert_write_refused("xattr block on a bitmap", &on_bitmap, &["xattr block", "metadata"], &|fs| {
+        fs.set_xattr(ino, b"user.other", b"1", 0)
+    });
+}
+
+#[test]
+fn hostile_group_descriptors_refuse_writable_opens() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let base = fixture(Shape::Csum);
+    let g0 = {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(base.clone())), opts(true)).unwrap();
+        fs.group_desc(0).unwrap()
+    };
+    let ipg = u32::from_le_bytes(base[1024 + 0x28..1024 + 0x2C].try_into().unwrap());
+    let cases: Vec<(&str, Vec<u8>, Vec<&str>)> = vec![
+        // 1 KiB blocks: the superblock is block 1, the descriptors block 2.
+        (
+            "block bitmap on the superblock",
+            with_group_desc(&base, 1, |gd| gd.bg_block_bitmap = 1),
+            vec!["block bitmap", "overlaps"],
+        ),
+        (
+            "inode bitmap on the descriptors",
+            with_group_desc(&base, 2, |gd| gd.bg_inode_bitmap = 2),
+            vec!["inode bitmap", "overlaps"],
+        ),
+        (
+            "inode table over another group's",
+            with_group_desc(&base, 1, |gd| gd.bg_inode_table = g0.bg_inode_table + 1),
+            vec!["inode table", "overlaps"],
+        ),
+        (
+            "two groups share a bitmap",
+            with_group_desc(&base, 2, |gd| gd.bg_block_bitmap = g0.bg_inode_bitmap),
+            vec!["bitmap", "overlaps"],
+        ),
+        (
+            "itable_unused > inodes per group",
+            with_group_desc(&base, 1, |gd| gd.bg_itable_unused = ipg + 1),
+            vec!["unused", "group 1"],
+        ),
+        (
+            "more free inodes than the group has",
+            with_group_desc(&base, 0, |gd| gd.bg_free_inodes_count = ipg + 5),
+            vec!["free inodes", "group 0"],
+        ),
+        (
+            "more free blocks than the group has",
+            with_group_desc(&base, 2, |gd| gd.bg_free_blocks_count = 5000),
+            vec!["free blocks", "group 2"],
+        ),
+    ];
+    for (what, img, words) in &cases {
+        assert_write_refused(what, img, words, &|_| Ok(()));
+        // Read-only opens still work, as the kernel still mounts these read-only.
+        let ro = Filesystem::open_device(Arc::new(MemDevice::new(img.clone())), opts(false));
+        assert!(ro.is_ok(), "{what}: read-only open: {:?}", ro.err());
+    }
+    // Free counts the bitmap does not back (groups 0 and 1): as the kernel's mballoc
+    // does, the allocator leaves such a group alone and allocates elsewhere; the
+    // counts never underflow and nothing new is wrong.
+    let overcount = (0..2).fold(base.clone(), |img, g| with_group_desc(&img, g, |gd| gd.bg_free_blocks_count += 1));
+    let before = e2fsck_problems(&overcount);
+    let (dev, fs) = open_rw(&overcount);
+    let fs = fs.unwrap();
+    for i in 0..3 {
+        let d = fs.mkdir(ROOT_INO, format!("d{i}").as_bytes(), 0o755, ROOT_OWNER).unwrap();
+        let f = fs.create(d.ino, b"f", 0o644, ROOT_OWNER).unwrap();
+        fs.write(f.ino, 0, &[7u8; 5000]).unwrap();
+    }
+    let untouched = |img: &[u8], g: u32| {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(img.to_vec())), opts(true)).unwrap();
+        fs.group_desc(g).unwrap().bg_free_blocks_count
+    };
+    drop(fs);
+    let after_image = dev.contents();
+    for g in 0..2 {
+        assert_eq!(untouched(&after_image, g), untouched(&overcount, g), "group {g} was allocated from");
+    }
+    let new = new_problems(&before, &e2fsck_problems(&after_image));
+    assert!(new.is_empty(), "free count above the bitmap: new problems {new:?}");
+}
+
+#[test]
+fn superblock_group_count_overflow_is_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::put_le32;
+    // 8 blocks per group and 2^64-1 blocks: 2^61 groups, times 2^8 or more inodes
+    // each, overflows 64 bits.
+    let img = with_superblock(&fixture(Shape::Csum), |sb| {
+        put_le32(sb, 0x4, u32::MAX);
+        put_le32(sb, 0x150, u32::MAX);
+        put_le32(sb, 0x20, 8);
+        put_le32(sb, 0x24, 8);
+    });
+    for read_only in [true, false] {
+        let r = Filesystem::open_device(Arc::new(MemDevice::new(img.clone())), Options { read_only, ..opts(false) });
+        let r = r.map(|_| ());
+        assert!(is_corrupt_mentioning(&r, &["inode count"]), "read_only {read_only}: {r:?}");
+    }
+}
+
+#[test]
+fn deleted_inode_named_by_a_directory_is_corrupt_and_never_freed() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let base = fixture(Shape::Csum);
+    let small = ino_of(&base, "/small");
+    let mut img = base.clone();
+    edit_inode(&mut img, small, |s| uext4::format::bytes::put_le16(s, 0x1A, 0));
+    // Read-only: refused as the kernel's lookup refuses it, and nothing written.
+    let dev = Arc::new(MemDevice::new(img.clone()));
+    let fs = Filesystem::open_device(dev.clone(), opts(false)).unwrap();
+    for r in [fs.lookup(ROOT_INO, b"small").map(|_| ()), fs.lookup_path(b"/small").map(|_| ())] {
+        assert!(is_corrupt_mentioning(&r, &["deleted inode", &small.to_string()]), "read-only lookup: {r:?}");
+    }
+    drop(fs);
+    assert!(dev.contents() == img, "a read-only open wrote to the image");
+    // The kernel's lookup gives the same errno (EUCLEAN) on a read-only mount.
+    if oracle::require_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deleted.img");
+        std::fs::write(&path, &img).unwrap();
+        let mount = oracle::Mount::new(&path, "ro");
+        let err = std::fs::symlink_metadata(mount.dir.join("small")).expect_err("the kernel refuses the lookup");
+        assert_eq!(err.raw_os_error(), Some(117), "the kernel's errno: {err}");
+        drop(mount);
+        assert!(std::fs::read(&path).unwrap() == img, "the read-only mount changed the image");
+    }
+    // Read-write: no operation through the name may use or free the inode.
+    assert_write_refused("unlink", &img, &["deleted inode"], &|fs| fs.unlink(ROOT_INO, b"small"));
+    assert_write_refused("write", &img, &["deleted inode"], &|fs| write_at(fs, "small", 0));
+    assert_write_refused("create over it", &img, &["deleted inode"], &|fs| {
+        fs.create(ROOT_INO, b"small", 0o644, ROOT_OWNER).map(|_| ())
+    });
+    assert_write_refused("rename it", &img, &["deleted inode"], &|fs| {
+        fs.rename(ROOT_INO, b"small", ROOT_INO, b"moved", 0)
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Writes on the e2fsprogs corpus and on the write fuzz target's findings
+
+/// What a writable open and the corpus write script did to one image.
+enum WriteOutcome {
+    /// The writable open was refused (the image is checked unchanged).
+    Refused(String),
+    /// Opened, but only read-only (a feature uext4 does not write).
+    ReadOnly(String),
+    /// The script ran; its report.
+    Ran(fuzzing::ScriptReport),
+}
+
+/// Opens `image` read-write in memory and runs `script` on it, on a watchdog thread.
+/// Returns the outcome and the image as left.
+fn write_trial(
+    image: Vec<u8>,
+    limit: Duration,
+    script: fn(&Filesystem) -> fuzzing::ScriptReport,
+) -> Result<(WriteOutcome, Vec<u8>), String> {
+    bounded(limit, move || {
+        let (dev, fs) = open_rw(&image);
+        let outcome = match fs {
+            Err(e @ (uext4::Error::Corrupt { .. } | uext4::Error::Unsupported { .. })) => {
+                WriteOutcome::Refused(e.to_string())
+            }
+            Err(e) => return Err(format!("writable open failed with an unexpected error kind: {e:?}")),
+            Ok(fs) if fs.is_read_only() => WriteOutcome::ReadOnly(fs.read_only_reason().to_string()),
+            Ok(fs) => WriteOutcome::Ran(script(&fs)),
+        };
+        let after = dev.contents();
+        // A journal that needs recovery is replayed first, as the kernel's mount
+        // does; that replay stays even if the open then refuses.
+        let needs_recovery = uext4::format::bytes::le32(&image, 1024 + 0x60) & 0x4 != 0;
+        let refused = matches!(outcome, WriteOutcome::Refused(_) | WriteOutcome::ReadOnly(_));
+        if refused && !needs_recovery && after != image {
+            return Err("a refused or read-only open changed the image".into());
+        }
+        Ok((outcome, after))
+    })?
+}
+
+/// Time one corpus image may take for the write trial.
+const CORPUS_WRITE_LIMIT: Duration = Duration::from_secs(30);
+/// Time one e2fsck -fn run may take on a corpus image (it takes milliseconds, but
+/// loops forever on f_illitable_flexbg, whose inode table it cannot move with -n).
+const E2FSCK_LIMIT_SECS: u32 = 20;
+
+#[test]
+fn e2fsprogs_corpus_writes_never_make_an_image_worse() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let dir = corpus_dir();
+    let mut images: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    images.retain(|p| {
+        let n = p.file_name().unwrap().to_string_lossy();
+        n.ends_with(".img.gz") || (n.ends_with(".img.bz2") && have_tool("bzip2"))
+    });
+    if !skip_unless(!images.is_empty(), &format!("the e2fsprogs image corpus is not at {}", dir.display())) {
+        return;
+    }
+    images.sort();
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut refused, mut read_only, mut clean, mut stopped, mut skipped) = (0, 0, 0, 0, 0);
+    let mut failures = Vec::new();
+    for src in &images {
+        let path = decompress(src, tmp.path());
+        let name = src.file_name().unwrap().to_string_lossy().to_string();
+        let image = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        // An image whose journal needs recovery is judged against its replayed self:
+        // a writable open replays it first (as the kernel's mount does), and some
+        // corpus journals replay damage on purpose (j_recover_csum2_64bit's bitmaps;
+        // the kernel's replay gives the same e2fsck report).
+        let needs_recovery = uext4::format::bytes::le32(&image, 1024 + 0x60) & 0x4 != 0;
+        let baseline = match needs_recovery {
+            true => match write_trial(image.clone(), CORPUS_WRITE_LIMIT, |_| fuzzing::ScriptReport::default()) {
+                Ok((_, replayed)) => replayed,
+                Err(e) => {
+                    failures.push(format!("{name}: {e}"));
+                    continue;
+                }
+            },
+            false => image.clone(),
+        };
+        let Some(before) = e2fsck_problems_within(&baseline, E2FSCK_LIMIT_SECS) else {
+            eprintln!("{name:<40} skipped: e2fsck -fn does not finish on it");
+            skipped += 1;
+            continue;
+        };
+        let (outcome, after) = match write_trial(image, CORPUS_WRITE_LIMIT, fuzzing::corpus_write_script) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let summary = match &outcome {
+            WriteOutcome::Refused(m) => {
+                refused += 1;
+                format!("refused: {m}")
+            }
+            WriteOutcome::ReadOnly(m) => {
+                read_only += 1;
+                format!("read-only: {m}")
+            }
+            WriteOutcome::Ran(r) => {
+                if r.other > 0 {
+                    failures.push(format!("{name}: unexpected error kinds: {:?}", r.messages));
+                }
+                if r.clean() {
+                    clean += 1;
+                } else {
+                    stopped += 1;
+                }
+                format!("{} ok, {} refused, {} corrupt {:?}", r.ok, r.refused, r.corrupt, r.messages.first())
+            }
+        };
+        eprintln!("{name:<40} {summary}");
+        if let WriteOutcome::Ran(_) = outcome {
+            match e2fsck_problems_within(&after, E2FSCK_LIMIT_SECS) {
+                Some(after) => {
+                    let new = new_problems(&before, &after);
+                    if !new.is_empty() {
+                        failures.push(format!("{name}: e2fsck -fn finds new problems: {new:?}"));
+                    }
+                }
+                None => failures.push(format!("{name}: e2fsck -fn no longer finishes after the writes")),
+            }
+        }
+    }
+    eprintln!(
+        "\n{} images: {refused} refused, {read_only} read-only, {clean} written cleanly, {stopped} stopped by an \
+         error, {skipped} skipped (e2fsck -fn does not finish)",
+        images.len()
+    );
+    assert!(failures.is_empty(), "{} corpus write failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Where the write fuzz target's findings are kept (minimized inputs).
+fn kept_write_inputs() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/kept/write_script")
+}
+
+/// Replays every kept input of the `write_script` fuzz target on the seed images
+/// `fuzz/make_seeds.sh` makes, with the check the fuzz loop leaves out: whenever
+/// the script succeeded, `e2fsck -fn` finds nothing it did not find before.
+#[test]
+fn write_fuzz_findings_replay_soundly() {
+    if !require_e2fsprogs() || !skip_unless(have_tool("python3"), "python3 (for fuzz/make_seeds.sh) is missing") {
+        return;
+    }
+    let seed_dir = tempfile::tempdir().unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/make_seeds.sh");
+    run(std::process::Command::new(&script).env("UEXT4_SEEDS_OUT", seed_dir.path()));
+    let mut seed_paths: Vec<PathBuf> = std::fs::read_dir(seed_dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    seed_paths.sort();
+    let seeds: Vec<Vec<u8>> = seed_paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert_eq!(seeds.len(), 4, "make_seeds.sh makes four seed images");
+    let mut inputs: Vec<PathBuf> = std::fs::read_dir(kept_write_inputs()).unwrap().map(|e| e.unwrap().path()).collect();
+    inputs.sort();
+    assert!(!inputs.is_empty(), "no kept inputs in {}", kept_write_inputs().display());
+    let (mut refused, mut clean, mut stopped) = (0, 0, 0);
+    let mut failures = Vec::new();
+    for input in &inputs {
+        let name = input.file_name().unwrap().to_string_lossy().to_string();
+        let image = fuzzing::image_for(&seeds, &std::fs::read(input).unwrap());
+        let before = e2fsck_problems(&image);
+        let (outcome, after) = match write_trial(image, TRIAL_LIMIT, fuzzing::write_script) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        match outcome {
+            WriteOutcome::Refused(_) | WriteOutcome::ReadOnly(_) => refused += 1,
+            WriteOutcome::Ran(r) if r.other > 0 => failures.push(format!("{name}: unexpected errors {:?}", r.messages)),
+            WriteOutcome::Ran(r) if r.clean() => {
+                clean += 1;
+                let new = new_problems(&before, &e2fsck_problems(&after));
+                if !new.is_empty() {
+                    failures.push(format!("{name}: script succeeded, e2fsck -fn finds new problems: {new:?}"));
+                }
+            }
+            WriteOutcome::Ran(_) => stopped += 1,
+        }
+    }
+    eprintln!("{} kept inputs: {refused} refused, {clean} succeeded, {stopped} stopped by Corrupt", inputs.len());
+    assert!(failures.is_empty(), "{} replay failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn unknown_hash_version_and_short_directories_refuse_writes() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let base = fixture(Shape::Csum);
+    // New indexes would take it, and e2fsck calls it unsupported.
+    let img = with_superblock(&base, |sb| sb[0xFC] = 4);
+    assert_write_refused("s_def_hash_version 4", &img, &["hash version 4"], &|_| Ok(()));
+    // A directory of size 0 lists nothing but still holds its entries: rmdir must not
+    // take it for empty (the kernel's ext4_empty_dir calls it corrupt).
+    let mut img = base.clone();
+    edit_inode(&mut img, ino_of(&base, "/big"), |s| uext4::format::bytes::put_le32(s, 0x4, 0));
+    assert_write_refused("rmdir of a 0-byte directory", &img, &["shorter than one block"], &|fs| {
+        fs.rmdir(ROOT_INO, b"big")
+    });
 }

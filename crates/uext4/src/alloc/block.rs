@@ -31,7 +31,7 @@ impl Filesystem {
 
     /// Blocks at the start of group `g` taken by its superblock backup and descriptor
     /// blocks (as the kernel's ext4_bg_num_gdb counts them).
-    fn base_meta_blocks(&self, g: u32) -> u64 {
+    pub(crate) fn base_meta_blocks(&self, g: u32) -> u64 {
         let sb = self.sb.read();
         let has_super = group_has_superblock(&sb, g);
         let per_block = self.geo.block_size as u64 / self.geo.desc_size as u64;
@@ -86,6 +86,12 @@ impl Filesystem {
             tx.dirty(&buf);
             return Ok(buf);
         }
+        self.verified_block_bitmap(g, gd)
+    }
+
+    /// Group `g`'s initialized block bitmap, its checksum verified once.
+    pub(crate) fn verified_block_bitmap(&self, g: u32, gd: &GroupDesc) -> Result<Arc<Buffer>> {
+        let blk = gd.bg_block_bitmap;
         let verify = self.geo.metadata_csum && self.geo.verify_checksums;
         let (seed, ds, bits) = (self.geo.csum_seed, self.geo.desc_size, self.geo.blocks_per_group);
         let stored = gd.bg_block_bitmap_csum;
@@ -98,6 +104,35 @@ impl Filesystem {
             }
             Ok(())
         })
+    }
+
+    /// Checks that every block of `ranges` ((start, len), sorted) is marked in use in
+    /// its group's bitmap, before a change that frees them starts: freeing one the
+    /// bitmap already calls free would stop the change halfway.
+    pub(crate) fn check_blocks_in_use(&self, ranges: &[(u64, u64)], what: &dyn Fn() -> String) -> Result<()> {
+        for &(start, len) in ranges {
+            let mut block = start;
+            while block < start + len {
+                self.check_block(block, what)?;
+                let g = self.group_of_block(block);
+                let gstart = self.group_first_block(g);
+                let run_end = (start + len).min(gstart + self.blocks_in_group(g) as u64);
+                let gd = self.groups[g as usize].read().clone();
+                if gd.bg_flags & EXT4_BG_BLOCK_UNINIT != 0 {
+                    return Err(Error::corrupt(
+                        format!("block {block} lies in group {g}, whose block bitmap is uninitialized (all free)"),
+                        what(),
+                    ));
+                }
+                let buf = self.verified_block_bitmap(g, &gd)?;
+                let data = buf.read();
+                if let Some(free) = (block..run_end).find(|b| !bitmap::test_bit(&data, (b - gstart) as usize)) {
+                    return Err(Error::corrupt(format!("block {free} is in use but its bitmap says free"), what()));
+                }
+                block = run_end;
+            }
+        }
+        Ok(())
     }
 
     /// Allocates up to `max_len` contiguous blocks (at least one) near `goal`.
@@ -136,7 +171,28 @@ impl Filesystem {
         let found = {
             let mut b = buf.write();
             let mut runs = self.alloc.free_runs[g as usize].lock();
-            let runs = runs.get_or_insert_with(|| crate::alloc::FreeRuns::from_bitmap(&b, nbits as u32));
+            if runs.is_none() {
+                // A group first used since the open (BLOCK_UNINIT then; the others
+                // were compared at open, `Filesystem::check_block_bitmaps`). Its
+                // bitmap must agree with the descriptor, whose count every allocation
+                // here decrements; if not, the group is left alone, as the kernel's
+                // mballoc leaves a group whose bitmap it finds corrupt.
+                let built = crate::alloc::FreeRuns::from_bitmap(&b, nbits as u32);
+                if built.total() != gd.bg_free_blocks_count as u64 {
+                    eprintln!(
+                        "uext4: corrupt filesystem: group {g}: block bitmap has {} free blocks, the descriptor says {}; \
+                         not allocating from it (run e2fsck)",
+                        built.total(),
+                        gd.bg_free_blocks_count
+                    );
+                    // Its free blocks leave the filesystem's count, as the kernel's.
+                    self.alloc.free_blocks.fetch_sub(gd.bg_free_blocks_count as u64, Ordering::Relaxed);
+                    *runs = Some(crate::alloc::FreeRuns::default());
+                    return Ok(None);
+                }
+                *runs = Some(built);
+            }
+            let runs = runs.as_mut().expect("built above");
             let Some((at, len)) = runs.take(start_bit.min(nbits) as u32, max_len) else {
                 return Ok(None);
             };
@@ -151,7 +207,8 @@ impl Filesystem {
             (at, len)
         };
         tx.dirty(&buf);
-        gd.bg_free_blocks_count -= found.1 as u32;
+        // Never short: the runs started equal to the count and both change together.
+        gd.bg_free_blocks_count = gd.bg_free_blocks_count.saturating_sub(found.1 as u32);
         self.write_group_desc(tx, g, &gd)?;
         *gd_lock = gd;
         self.alloc.block_hint[g as usize].store((found.0 + found.1) as u32, Ordering::Relaxed);
@@ -217,7 +274,7 @@ impl Filesystem {
             if let Some(journal) = self.journal.as_ref() {
                 journal.note_freed(block..run_end);
             }
-            gd.bg_free_blocks_count += (run_end - block) as u32;
+            gd.bg_free_blocks_count = gd.bg_free_blocks_count.saturating_add((run_end - block) as u32);
             self.write_group_desc(tx, g, &gd)?;
             *gd_lock = gd;
             self.alloc.free_blocks.fetch_add(run_end - block, Ordering::Relaxed);

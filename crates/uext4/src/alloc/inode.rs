@@ -113,7 +113,8 @@ impl Filesystem {
                 gd.bg_used_dirs_count += 1;
             }
             // Inodes past ipg - itable_unused have never been used; keep that true.
-            let first_unused = ipg as u32 - gd.bg_itable_unused;
+            // Writable opens refuse itable_unused > ipg (Filesystem::check_descriptors).
+            let first_unused = (ipg as u32).saturating_sub(gd.bg_itable_unused);
             if index as u32 >= first_unused {
                 gd.bg_itable_unused = ipg as u32 - index as u32 - 1;
             }
@@ -146,7 +147,7 @@ impl Filesystem {
             }
         }
         tx.dirty(&buf);
-        gd.bg_free_inodes_count += 1;
+        gd.bg_free_inodes_count = gd.bg_free_inodes_count.saturating_add(1);
         if was_dir {
             gd.bg_used_dirs_count = gd.bg_used_dirs_count.saturating_sub(1);
         }

@@ -87,6 +87,11 @@ impl FreeRuns {
         Some((at, len))
     }
 
+    /// How many blocks the runs hold.
+    pub fn total(&self) -> u64 {
+        self.runs.values().map(|&l| l as u64).sum()
+    }
+
     /// Returns blocks [start, start + len) to the free runs, merging neighbours.
     pub fn put(&mut self, start: u32, len: u32) {
         let (mut s, mut l) = (start, len);

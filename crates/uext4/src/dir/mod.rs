@@ -151,8 +151,35 @@ impl Filesystem {
         Ok(out)
     }
 
-    /// Finds `name` in directory `dir`; Ok(None) if absent.
+    /// Finds `name` in directory `dir`; Ok(None) if absent. An entry naming a
+    /// reserved inode, or an inode without links, is corrupt, as the kernel's ext4_lookup has it ("deleted
+    /// inode referenced"): serving it would let its blocks be used twice, and its
+    /// last close free it again.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+        let found = self.lookup_entry(dir, name)?;
+        if let Some(ino) = found {
+            // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
+            let first_ino = self.sb.read().first_ino();
+            if ino < first_ino && ino != crate::ns::ROOT_INO {
+                return Err(Error::corrupt(
+                    format!(
+                        "entry '{}' names reserved inode {ino} (below the first inode {first_ino})",
+                        String::from_utf8_lossy(name)
+                    ),
+                    format!("directory inode {dir}"),
+                ));
+            }
+            if self.inode(ino)?.i_links_count == 0 {
+                return Err(Error::corrupt(
+                    format!("entry '{}' names deleted inode {ino} (links count 0)", String::from_utf8_lossy(name)),
+                    format!("directory inode {dir}"),
+                ));
+            }
+        }
+        Ok(found)
+    }
+
+    fn lookup_entry(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let inode = self.require_dir(dir)?;
         // As the kernel's ext4_lookup: no such name can exist, and saying so differs
         // from "not found".

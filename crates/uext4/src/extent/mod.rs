@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::bytes::le32;
-use crate::format::extent::{self, ExtentNode};
+use crate::format::extent::{self, ExtentIndex, ExtentNode};
 use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
 use crate::fs::Filesystem;
 
@@ -46,7 +46,7 @@ impl Filesystem {
 
     fn map_extents(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
         let loc = || format!("extent tree of inode {ino}");
-        let mut node = ExtentNode::parse(&inode.i_block, None, &loc())?;
+        let mut node = self.extent_root(ino, inode)?;
         // The first logical block the current subtree does not cover.
         let mut upper_bound = MAX_LBLK;
         let seed = self.inode_seed(ino, inode);
@@ -79,23 +79,74 @@ impl Filesystem {
                     if let Some(next) = idx.get(pos) {
                         upper_bound = upper_bound.min(next.ei_block as u64);
                     }
-                    let child = idx[pos - 1].leaf;
-                    self.check_block(child, &loc)?;
-                    let want_depth = h.eh_depth - 1;
-                    let verify = self.geo.metadata_csum && self.geo.verify_checksums;
-                    let location = format!("{} node at block {child}", loc());
-                    let buf = self.cache.get_verified(child, |b| {
-                        ExtentNode::parse(b, Some(want_depth), &location)?;
-                        if verify {
-                            extent::verify_block_checksum(b, seed, &location)?;
-                        }
-                        Ok(())
-                    })?;
-                    let data = buf.read();
-                    node = ExtentNode::parse(&data, Some(want_depth), &location)?;
+                    node = self.read_extent_node(ino, seed, &idx[pos - 1], h.eh_depth - 1)?;
                 }
             }
         }
+    }
+
+    /// The root node in i_block, checked as every node is.
+    pub(crate) fn extent_root(&self, ino: u32, inode: &Inode) -> Result<ExtentNode> {
+        let location = format!("extent tree of inode {ino}");
+        let node = ExtentNode::parse(&inode.i_block, None, &location)?;
+        self.check_extent_node(&node, None, &location)?;
+        Ok(node)
+    }
+
+    /// Reads the node `index` points to, which must have depth `depth`. Its checksum
+    /// is verified once, through the cache; the structure on every read, since the
+    /// same block may be reached from elsewhere with other expectations.
+    pub(crate) fn read_extent_node(&self, ino: u32, seed: u32, index: &ExtentIndex, depth: u16) -> Result<ExtentNode> {
+        let block = index.leaf;
+        let location = format!("extent tree of inode {ino}, node at block {block}");
+        self.check_block(block, &|| location.clone())?;
+        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
+        let buf = self.cache.get_verified(block, |b| {
+            if verify {
+                extent::verify_block_checksum(b, seed, &location)?;
+            }
+            Ok(())
+        })?;
+        let node = ExtentNode::parse(&buf.read(), Some(depth), &location)?;
+        self.check_extent_node(&node, Some(index.ei_block), &location)?;
+        Ok(node)
+    }
+
+    /// The checks of the kernel's `ext4_valid_extent_entries` that need the
+    /// filesystem: every block an entry names lies inside it, past the first data
+    /// block and outside the group metadata (so that writing through a hostile
+    /// extent cannot land on a bitmap or the inode table); and a non-root node's
+    /// first key is the one its parent indexes it under.
+    pub(crate) fn check_extent_node(&self, node: &ExtentNode, parent_key: Option<u32>, location: &str) -> Result<()> {
+        let first_key = match node {
+            ExtentNode::Leaf(_, v) => v.first().map(|e| e.ee_block),
+            ExtentNode::Index(_, v) => v.first().map(|e| e.ei_block),
+        };
+        if let (Some(want), Some(have)) = (parent_key, first_key) {
+            if want != have {
+                return Err(Error::corrupt(
+                    format!("node starts at logical block {have} but its parent indexes it at {want}"),
+                    location,
+                ));
+            }
+        }
+        match node {
+            ExtentNode::Leaf(_, v) => {
+                for e in v {
+                    self.check_metadata_free_range(e.start, e.len as u64, &|| {
+                        format!("{location}: extent at logical {}", e.ee_block)
+                    })?;
+                }
+            }
+            ExtentNode::Index(_, v) => {
+                for e in v {
+                    self.check_metadata_free_range(e.leaf, 1, &|| {
+                        format!("{location}: index entry at logical {}", e.ei_block)
+                    })?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// ext2/3 block maps: 12 direct pointers, then single, double and triple

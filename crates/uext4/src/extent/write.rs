@@ -207,20 +207,18 @@ impl Filesystem {
 
     /// The nodes from the root to the leaf whose range holds `lblk`.
     fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
-        let location = format!("extent tree of inode {ino}");
-        let mut path = vec![Node::from(None, ExtentNode::parse(&inode.i_block, None, &location)?)];
+        let seed = self.inode_seed(ino, inode);
+        let mut path = vec![Node::from(None, self.extent_root(ino, inode)?)];
         loop {
             let node = path.last_mut().unwrap();
             if node.depth == 0 {
                 return Ok(path);
             }
+            // Index nodes are never empty (ExtentNode::parse refuses them).
             let at = node.items.partition_point(|i| i.key() <= lblk).max(1) - 1;
             node.at = at;
-            let Item::Idx(idx) = node.items[at] else { unreachable!("index nodes hold index entries") };
-            let depth = node.depth - 1;
-            self.check_block(idx.leaf, &|| location.clone())?;
-            let buf = self.cache.get(idx.leaf)?;
-            let child = ExtentNode::parse(&buf.read(), Some(depth), &location)?;
+            let Some(&Item::Idx(idx)) = node.items.get(at) else { unreachable!("index nodes hold index entries") };
+            let child = self.read_extent_node(ino, seed, &idx, node.depth - 1)?;
             path.push(Node::from(Some(idx.leaf), child));
         }
     }
@@ -399,24 +397,51 @@ impl Filesystem {
     }
 
     /// Every extent of the tree in order, and the tree's own blocks.
-    fn collect_extents(&self, ino: u32, inode: &Inode) -> Result<(Vec<Extent>, Vec<u64>)> {
-        let location = format!("extent tree of inode {ino}");
-        let mut extents = Vec::new();
+    /// The whole tree is read and checked before the caller frees or rewrites any of
+    /// it: extents in file order without overlap, and no block (node or data) named
+    /// twice, which would otherwise be freed twice.
+    pub(crate) fn collect_extents(&self, ino: u32, inode: &Inode) -> Result<(Vec<Extent>, Vec<u64>)> {
+        let location = || format!("extent tree of inode {ino}");
+        let seed = self.inode_seed(ino, inode);
+        let mut extents: Vec<Extent> = Vec::new();
         let mut node_blocks = Vec::new();
-        let mut stack = vec![ExtentNode::parse(&inode.i_block, None, &location)?];
+        let mut stack = vec![self.extent_root(ino, inode)?];
         while let Some(node) = stack.pop() {
             match node {
-                ExtentNode::Leaf(_, e) => extents.extend(e),
+                ExtentNode::Leaf(_, e) => {
+                    if let (Some(last), Some(first)) = (extents.last(), e.first()) {
+                        if last.end() > first.ee_block as u64 {
+                            return Err(Error::corrupt(
+                                format!(
+                                    "extent at logical {} overlaps the one at {} in the previous leaf",
+                                    first.ee_block, last.ee_block
+                                ),
+                                location(),
+                            ));
+                        }
+                    }
+                    extents.extend(e)
+                }
                 ExtentNode::Index(h, index) => {
                     for e in index.iter().rev() {
-                        self.check_block(e.leaf, &|| location.clone())?;
-                        let buf = self.cache.get(e.leaf)?;
-                        stack.push(ExtentNode::parse(&buf.read(), Some(h.eh_depth - 1), &location)?);
+                        stack.push(self.read_extent_node(ino, seed, e, h.eh_depth - 1)?);
                         node_blocks.push(e.leaf);
                     }
                 }
             }
         }
+        let mut ranges: Vec<(u64, u64)> = node_blocks.iter().map(|&b| (b, 1)).collect();
+        ranges.extend(extents.iter().map(|e| (e.start, e.len as u64)));
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return Err(Error::corrupt(
+                    format!("block {} is mapped twice (by the tree or its extents)", w[1].0),
+                    location(),
+                ));
+            }
+        }
+        self.check_blocks_in_use(&ranges, &location)?;
         Ok((extents, node_blocks))
     }
 

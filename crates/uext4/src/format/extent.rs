@@ -106,8 +106,12 @@ impl ExtentIndex {
 }
 
 impl ExtentNode {
-    /// Parses a node from `b` (the 60-byte i_block or a whole block) and checks its
-    /// header: magic, entries within max, max within the space, the expected depth.
+    /// Parses a node from `b` (the 60-byte i_block or a whole block) and checks what
+    /// the kernel's `__ext4_ext_check` checks without knowing the filesystem: magic,
+    /// a non-zero max within the space, entries within max, an index node that is not
+    /// empty, the expected depth, and entries that are sorted, non-empty, do not
+    /// overlap and end within 2^32 logical blocks. Physical block numbers are the
+    /// caller's to check (`Filesystem::check_extent_node`).
     pub fn parse(b: &[u8], expected_depth: Option<u16>, location: &str) -> Result<ExtentNode> {
         if b.len() < HEADER_SIZE {
             return Err(Error::corrupt("extent node shorter than its header", location));
@@ -118,6 +122,9 @@ impl ExtentNode {
             return bad(format!("bad extent header magic {:#06x}", h.eh_magic));
         }
         let capacity = (b.len() - HEADER_SIZE) / ENTRY_SIZE;
+        if h.eh_max == 0 {
+            return bad("extent header has eh_max 0".into());
+        }
         if h.eh_max as usize > capacity || h.eh_entries > h.eh_max {
             return bad(format!(
                 "extent header entries {} / max {} exceed room for {capacity}",
@@ -132,9 +139,22 @@ impl ExtentNode {
                 return bad(format!("extent node has depth {} where {d} was expected", h.eh_depth));
             }
         }
+        // An index node without entries maps nothing and cannot be descended: the
+        // kernel calls it corrupt rather than a hole.
+        if h.eh_depth > 0 && h.eh_entries == 0 {
+            return bad(format!("extent index node at depth {} has no entries", h.eh_depth));
+        }
         let entries = (0..h.eh_entries as usize).map(|i| &b[HEADER_SIZE + i * ENTRY_SIZE..][..ENTRY_SIZE]);
         let node = if h.eh_depth == 0 {
             let v: Vec<Extent> = entries.map(Extent::parse).collect();
+            for e in &v {
+                if e.len == 0 {
+                    return bad(format!("extent at logical {} has length 0", e.ee_block));
+                }
+                if e.end() > 1 << 32 {
+                    return bad(format!("extent at logical {} of {} blocks ends past 2^32", e.ee_block, e.len));
+                }
+            }
             for w in v.windows(2) {
                 if w[1].ee_block as u64 <= w[0].ee_block as u64 || w[0].end() > w[1].ee_block as u64 {
                     return bad(format!(

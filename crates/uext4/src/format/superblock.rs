@@ -335,7 +335,8 @@ impl Superblock {
             return bad(format!("first data block {} is wrong for {bs}-byte blocks", self.s_first_data_block));
         }
         let groups = self.group_count();
-        if (self.s_inodes_per_group as u64) * groups != self.s_inodes_count as u64 {
+        // checked: a hostile block count makes the group count large enough to overflow.
+        if (self.s_inodes_per_group as u64).checked_mul(groups) != Some(self.s_inodes_count as u64) {
             return bad(format!(
                 "inode count {} is not {} groups x {} inodes",
                 self.s_inodes_count, groups, self.s_inodes_per_group

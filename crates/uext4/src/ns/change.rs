@@ -304,8 +304,19 @@ impl Filesystem {
             (false, true) => return Err(Error::IsADirectory(format!("{} (use rmdir)", shown()))),
             _ => {}
         }
+        // As the kernel's ext4_empty_dir: a directory shorter than one block cannot
+        // be shown empty (its entries may lie past i_size); it is corrupt.
+        if want_dir && !inode.has_flag(EXT4_INLINE_DATA_FL) && inode.i_size < self.geo.block_size as u64 {
+            return Err(Error::corrupt(
+                format!("directory of {} bytes is shorter than one block", inode.i_size),
+                format!("directory inode {ino}"),
+            ));
+        }
         if want_dir && self.read_dir(ino)?.iter().any(|e| e.name != b"." && e.name != b"..") {
             return Err(Error::NotEmpty(shown()));
+        }
+        if want_dir || inode.i_links_count <= 1 {
+            self.check_releasable(ino, &inode)?;
         }
         let mut tx = self.begin(10)?;
         self.uninline(&mut tx, parent)?;
@@ -330,6 +341,24 @@ impl Filesystem {
         }
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()
+    }
+
+    /// Reads and checks everything `release_inode` would free (extent tree, xattr
+    /// block), so that damage there refuses the change before any name is removed.
+    pub(crate) fn check_releasable(&self, ino: u32, inode: &Inode) -> Result<()> {
+        if inode.has_flag(EXT4_EXTENTS_FL) {
+            self.collect_extents(ino, inode)?;
+        } else if !(inode.has_flag(EXT4_INLINE_DATA_FL)
+            || inode.is_symlink()
+            || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK))
+        {
+            return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
+        }
+        if inode.i_file_acl != 0 {
+            self.xattr_block(ino, inode.i_file_acl)?;
+            self.check_blocks_in_use(&[(inode.i_file_acl, 1)], &|| format!("xattr block of inode {ino}"))?;
+        }
+        Ok(())
     }
 
     /// Frees an unlinked inode's blocks and its number.

@@ -348,6 +348,9 @@ impl Filesystem {
                 "{record} names inode {ino}, which is block-mapped: uext4 cannot free it (e2fsck -fy can)"
             )));
         }
+        if inode.i_links_count == 0 {
+            self.check_releasable(ino, &inode)?;
+        }
         Ok(())
     }
 

@@ -115,6 +115,10 @@ impl Filesystem {
                 }
             }
         }
+        // A replaced inode may be freed: damage in what that frees refuses the rename first.
+        if let (false, Some(d)) = (exchange, dst) {
+            self.check_releasable(d, &*self.inode(d)?)?;
+        }
         let mut keys = vec![src_dir as u64, dst_dir as u64, src as u64];
         keys.extend(dst.map(|d| d as u64));
         let _inode_locks = self.inode_locks.lock_many(&keys);

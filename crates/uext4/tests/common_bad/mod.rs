@@ -566,3 +566,92 @@ pub fn file_type_of(image: &[u8], ino: u32) -> FileType {
     let fs = Filesystem::open_device(Arc::new(MemDevice::new(image.to_vec())), opts(true)).unwrap();
     fs.stat(ino).unwrap().file_type
 }
+
+/// What `e2fsck -fn` finds wrong with `image`, one line per problem, so that two runs
+/// compare as sets. Inode and block numbers stay; what changes on any write does
+/// not: pass headers, the summary, "Fix? no" prompts, the ranges listed after
+/// "bitmap differences" and the numbers in "count wrong (have, counted=want)".
+pub fn e2fsck_problems(image: &[u8]) -> BTreeSet<String> {
+    e2fsck_problems_within(image, 600).expect("e2fsck -fn finishes")
+}
+
+/// As `e2fsck_problems`, or None when e2fsck takes more than `secs` seconds (with
+/// -n it cannot repair, and on a few corpus images it then never ends).
+pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String>> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("check.img");
+    std::fs::write(&path, image).unwrap();
+    let out =
+        Command::new("timeout").arg(secs.to_string()).args(["e2fsck", "-fn"]).arg(&path).output().expect("run e2fsck");
+    if out.status.code() == Some(124) {
+        return None;
+    }
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let shown = path.display().to_string();
+    let mut problems = BTreeSet::new();
+    for line in text.lines() {
+        let mut l = line.replace(&shown, "IMAGE").trim().to_string();
+        if let Some(i) = l.rfind("  ").filter(|_| l.ends_with("? no") || l.ends_with("? yes")) {
+            l.truncate(i);
+        }
+        let skip = l.is_empty()
+            || l.starts_with("Pass ")
+            || l.starts_with("e2fsck ")
+            || (l.ends_with("? no") && !l.contains("  "))
+            || l.contains("WARNING: Filesystem still has errors")
+            || l.contains("% non-contiguous)");
+        if skip {
+            continue;
+        }
+        for prefix in ["Block bitmap differences:", "Inode bitmap differences:"] {
+            if l.starts_with(prefix) {
+                l = prefix.to_string();
+            }
+        }
+        // "Inode 188 (/small) has invalid mode": the path moves with a rename.
+        if let (true, Some(open), Some(close)) = (l.starts_with("Inode "), l.find(" ("), l.find(") ")) {
+            if open < close && l[6..open].bytes().all(|b| b.is_ascii_digit()) {
+                l.replace_range(open..close + 1, "");
+            }
+        }
+        // "Inode 2 ref count is 4, should be 3.": a new name there moves both numbers.
+        if let Some(i) = l.find(" ref count is ") {
+            l.truncate(i + " ref count is".len());
+            l.push_str(" wrong");
+        }
+        if l.contains("count wrong") {
+            if let Some(i) = l.find(" (") {
+                l.truncate(i);
+            }
+        }
+        problems.insert(l);
+    }
+    Some(problems)
+}
+
+/// The problems e2fsck reports after that it did not before, less those that follow
+/// from one already there: the superblock's free totals are the sums of the group
+/// counts (the kernel writes them so too), and removing a name of an inode whose
+/// links count was wrong leaves it unattached, or freed while another name remains
+/// (as the kernel's unlink would: it trusts the count), as does freeing an inode
+/// whose blocks e2fsck already found claimed twice.
+pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
+    let implied = |p: &str| {
+        // A wrong superblock total follows from a wrong group count; an inode left
+        // without names after an unlink, from a links count that was already wrong.
+        let total = before.iter().any(|b| b.starts_with(&format!("{p} for group")));
+        let count_was_wrong = |ino: &str| before.contains(&format!("Inode {ino} ref count is wrong"));
+        let unattached = p.strip_prefix("Unattached inode ").is_some_and(count_was_wrong);
+        // ... or, the other way, freed with a name still naming it.
+        // ... or when its blocks were shared with another inode's: freeing one frees
+        // the other's too.
+        let shared =
+            |ino: &str| before.iter().any(|b| b.starts_with(&format!("Multiply-claimed block(s) in inode {ino}:")));
+        let freed = p
+            .strip_suffix('.')
+            .and_then(|p| p.rsplit_once(" has deleted/unused inode "))
+            .is_some_and(|(_, ino)| count_was_wrong(ino) || shared(ino));
+        total || unattached || freed
+    };
+    after.difference(before).filter(|p| !implied(p)).cloned().collect()
+}
