@@ -520,3 +520,54 @@ fn privilege_bits_change_as_the_kernels_ext4_changes_them() {
     assert_e2fsck_clean(&uimg);
     assert_e2fsck_clean(&kimg);
 }
+
+/// Fills `dir/open/fill` as user nobody until the disk refuses, then writes 1 MiB
+/// as root; returns (nobody's dd succeeded, root's dd succeeded).
+fn fill_as_nobody_then_root(dir: &Path) -> (bool, bool) {
+    let nobody = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "dd", "if=/dev/zero", "bs=1M"])
+        .arg(format!("of={}", dir.join("open/fill").display()))
+        .output()
+        .expect("setpriv dd");
+    let root = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=1", "conv=fsync"])
+        .arg(format!("of={}", dir.join("rootfill").display()))
+        .output()
+        .expect("dd");
+    (nobody.status.success(), root.status.success())
+}
+
+/// The reserved blocks (mkfs's 5%) are root's through the mount as on the
+/// kernel's ext4: user nobody's writes stop short of them with ENOSPC, root's
+/// go on into them. The two run side by side on twin images.
+#[test]
+fn reserved_blocks_are_roots_through_the_mount_as_on_the_kernel() {
+    if !oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (work.path().join("ours"), work.path().join("theirs"));
+    mkfs(&ours, "64M");
+    fs::copy(&ours, &theirs).unwrap();
+    let mut outcomes = Vec::new();
+    {
+        let m = UextMount::new(&ours, "allow_other,io_uring=off");
+        fs::create_dir(m.dir.join("open")).unwrap();
+        fs::set_permissions(m.dir.join("open"), fs::Permissions::from_mode(0o1777)).unwrap();
+        outcomes.push(("uext4", fill_as_nobody_then_root(&m.dir)));
+        m.unmount();
+    }
+    {
+        let k = KernelMount::new(&theirs, "");
+        fs::set_permissions(k.dir.parent().unwrap(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::create_dir(k.dir.join("open")).unwrap();
+        fs::set_permissions(k.dir.join("open"), fs::Permissions::from_mode(0o1777)).unwrap();
+        outcomes.push(("kernel", fill_as_nobody_then_root(&k.dir)));
+    }
+    for (who, (nobody, root)) in &outcomes {
+        assert!(!nobody, "{who}: user nobody must run out of space before the reserved blocks");
+        assert!(root, "{who}: root must write into the reserved blocks");
+    }
+    assert_e2fsck_clean(&ours);
+    assert_e2fsck_clean(&theirs);
+}
