@@ -805,23 +805,11 @@ fn open_files_cut(base: &[u8], fault: Fault, scratch: &Path, kernel: bool) -> us
                     .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
                 assert!(got == *content, "{fault:?}: the kernel reads {path} changed after its recovery");
             }
-            umount_settled(&mount.dir, fault);
+            mount.unmount();
         }
         check_e2fsck(scratch, fault);
     }
     promised.len()
-}
-
-/// Unmounts, retrying while the mount is busy: another test thread's fork can
-/// hold a descriptor opened here for a moment before its exec closes it.
-fn umount_settled(dir: &Path, fault: Fault) {
-    for _ in 0..100 {
-        if std::process::Command::new("umount").arg(dir).output().unwrap().status.success() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    panic!("{fault:?}: {} stays busy: the kernel's recovery cannot be judged", dir.display());
 }
 
 #[test]

@@ -82,9 +82,13 @@ pub fn dumpe2fs_field(image: &Path, field: &str) -> Option<String> {
     out.lines().find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_string()))
 }
 
-/// A loop mount that is undone when dropped, even if the test panics.
+/// A loop mount that is undone when dropped, even if the test panics. An unmount
+/// that fails (after a few tries while another test thread's fork holds a
+/// descriptor for a moment) panics: a mount left behind would make a later check
+/// judge a live filesystem, and blame the wrong thing.
 pub struct Mount {
     pub dir: PathBuf,
+    mounted: bool,
     _holder: tempfile::TempDir,
 }
 
@@ -95,13 +99,41 @@ impl Mount {
         std::fs::create_dir(&dir).unwrap();
         let opts = if options.is_empty() { "loop".to_string() } else { format!("loop,{options}") };
         run(Command::new("mount").arg("-o").arg(opts).arg(image).arg(&dir));
-        Mount { dir, _holder: holder }
+        Mount { dir, mounted: true, _holder: holder }
     }
+
+    /// Unmounts now, panicking if the kernel will not let go.
+    pub fn unmount(mut self) {
+        self.mounted = false;
+        if let Err(e) = umount_retrying(&self.dir) {
+            panic!("{e}");
+        }
+    }
+}
+
+fn umount_retrying(dir: &Path) -> Result<(), String> {
+    let mut last = None;
+    for _ in 0..100 {
+        let out = Command::new("umount").arg(dir).output().expect("run umount");
+        if out.status.success() {
+            return Ok(());
+        }
+        last = Some(out);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Err(format!("cannot unmount the kernel's mount at {}: {last:?}", dir.display()))
 }
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
+        if !self.mounted {
+            return;
+        }
+        match umount_retrying(&self.dir) {
+            Ok(()) => {}
+            Err(e) if std::thread::panicking() => eprintln!("{e}"),
+            Err(e) => panic!("{e}"),
+        }
     }
 }
 
