@@ -383,6 +383,8 @@ fn first_lost(fault: Fault) -> u64 {
 struct Outcome {
     promised_files: usize,
     replayed: bool,
+    /// The run ended before the cut point (nothing to judge).
+    ended_early: bool,
 }
 
 /// One cut: run until it, recover, and judge the image left behind.
@@ -395,7 +397,12 @@ fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: boo
         // The cut falls in the writes of closing.
         fs.sync().unwrap();
     }
-    assert!(dev.is_cut(), "{fault:?}: the workload and its close ended before the cut");
+    if !dev.is_cut() {
+        // Commits run on the journal thread, so a run's writes vary a little in
+        // number: this one ended before the cut (counted, and bounded below).
+        drop(fs);
+        return Outcome { promised_files: 0, replayed: false, ended_early: true };
+    }
     fs.abandon();
 
     if let Ok(dir) = std::env::var("UEXT4_CRASH_KEEP_DIR") {
@@ -424,7 +431,7 @@ fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: boo
     if debugfs_too {
         check_with_debugfs(scratch, &promised, fault);
     }
-    Outcome { promised_files: promised.len(), replayed: needed_recovery }
+    Outcome { promised_files: promised.len(), replayed: needed_recovery, ended_early: false }
 }
 
 /// The superblock's needs_recovery flag (s_feature_incompat at byte 0x60, bit 0x4).
@@ -522,9 +529,10 @@ fn power_cuts_and_torn_writes_across_a_workload() {
     let next = AtomicUsize::new(0);
     let promised = AtomicU64::new(0);
     let replayed = AtomicUsize::new(0);
+    let early = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for t in 0..2 {
-            let (faults, base, next, promised, replayed) = (&faults, &base, &next, &promised, &replayed);
+            let (faults, base, next, promised, replayed, early) = (&faults, &base, &next, &promised, &replayed, &early);
             let scratch = work.path().join(format!("cut{t}.img"));
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -532,15 +540,17 @@ fn power_cuts_and_torn_writes_across_a_workload() {
                 let outcome = crash_and_recover(base, fault, &scratch, i % 40 == 0);
                 promised.fetch_add(outcome.promised_files as u64, Ordering::Relaxed);
                 replayed.fetch_add(outcome.replayed as usize, Ordering::Relaxed);
+                early.fetch_add(outcome.ended_early as usize, Ordering::Relaxed);
             });
         }
     });
-    let (promised, replayed) = (promised.into_inner(), replayed.into_inner());
+    let (promised, replayed, early) = (promised.into_inner(), replayed.into_inner(), early.into_inner());
     eprintln!(
-        "{} crashes ({cuts} power cuts, {} torn writes): {replayed} left a journal to recover; {promised} fsync'd files verified",
+        "{} crashes ({cuts} power cuts, {} torn writes): {replayed} left a journal to recover; {promised} fsync'd files verified; {early} runs ended before their cut",
         faults.len(),
         faults.len() - cuts
     );
+    assert!(early <= faults.len() / 20, "{early} of {} runs ended before their cut", faults.len());
     assert!(replayed >= faults.len() / 2, "most cuts should fall where the journal is live");
     assert!(promised >= faults.len() as u64, "too few fsync'd files were checked to mean anything");
 }

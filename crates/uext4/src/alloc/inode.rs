@@ -160,6 +160,7 @@ impl Filesystem {
 
     /// Writes `inode` to its slot in the inode table and makes it the cached copy.
     pub fn write_inode(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
+        tx.note_inode(ino);
         let group = (ino - 1) / self.geo.inodes_per_group;
         let index = (ino - 1) % self.geo.inodes_per_group;
         let table = self.groups[group as usize].read().bg_inode_table;
