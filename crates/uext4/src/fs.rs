@@ -202,18 +202,22 @@ impl JournalView {
 
 impl crate::journal::log::JournalOwner for JournalView {
     fn set_needs_recovery(&self, on: bool) -> Result<()> {
-        let mut sb = self.sb.write();
-        if on {
-            sb.s_feature_incompat |= INCOMPAT_RECOVER;
-        } else {
-            sb.s_feature_incompat &= !INCOMPAT_RECOVER;
-        }
-        let bytes = sb.to_bytes();
-        // The cached copy of the block must agree, or a later commit would undo it.
         let bs = self.geo.block_size as u64;
         let buf = self.cache.get(SUPERBLOCK_OFFSET / bs)?;
-        let off = (SUPERBLOCK_OFFSET % bs) as usize;
-        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+        let bytes = {
+            let mut sb = self.sb.write();
+            if on {
+                sb.s_feature_incompat |= INCOMPAT_RECOVER;
+            } else {
+                sb.s_feature_incompat &= !INCOMPAT_RECOVER;
+            }
+            let bytes = sb.to_bytes();
+            // The cached copy of the block must agree, or a later commit would undo it.
+            let off = (SUPERBLOCK_OFFSET % bs) as usize;
+            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
+            bytes
+        };
+        // Not under the superblock lock: operations read it, and a flush is slow.
         self.cache.device().write_at(SUPERBLOCK_OFFSET, &bytes)?;
         self.cache.device().flush()
     }
