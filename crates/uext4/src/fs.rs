@@ -53,8 +53,8 @@ pub struct Options {
     /// Inodes kept parsed in memory.
     pub inode_cache_entries: usize,
     /// The running transaction commits once it is this old, as the kernel's
-    /// commit= mount option: noticed when the next change starts, and by the
-    /// commit timer thread (`Filesystem::start_commit_timer`) when none comes.
+    /// commit= mount option (the journal thread watches it; without a journal,
+    /// the write-back thread writes dirty buffers home this often).
     pub commit_interval_secs: u64,
     /// Unwritten extents of up to this many blocks are zeroed out whole when one
     /// of their blocks is written, instead of split (0: never). Changeable while
@@ -277,6 +277,10 @@ fn write_error_home(cache: &BufferCache, rec: &ErrorRecord) -> Result<()> {
 /// half-done) make the filesystem read-only even under errors=continue.
 fn record_error(cache: &BufferCache, sb: &RwLock<Superblock>, errors: &ErrorState, why: &str, abort: bool) {
     use std::sync::atomic::Ordering;
+    // Read-only first, then the reason: whoever sees the error state sees it whole.
+    if errors.behaviour == Errors::RemountRo || abort {
+        errors.failed.store(true, Ordering::SeqCst);
+    }
     let _ = errors.reason.set(why.to_string());
     eprintln!("uext4: error: {why}");
     let rec = error_record(why);
@@ -284,10 +288,8 @@ fn record_error(cache: &BufferCache, sb: &RwLock<Superblock>, errors: &ErrorStat
     if let Err(e) = write_error_home(cache, &rec) {
         eprintln!("uext4: recording the error in the superblock failed: {e}");
     }
-    match errors.behaviour {
-        Errors::Panic => panic!("uext4: errors=panic: {why}"),
-        Errors::Continue if !abort => {}
-        _ => errors.failed.store(true, Ordering::SeqCst),
+    if errors.behaviour == Errors::Panic {
+        panic!("uext4: errors=panic: {why}");
     }
 }
 
