@@ -40,11 +40,31 @@ impl Filesystem {
             return Err(Error::ReadOnly(self.read_only_reason().to_string()));
         }
         let joined = match self.journal.as_ref() {
-            Some(journal) => Some(journal.join(credits)?),
+            Some(journal) => {
+                if HANDLES_HELD.with(|h| h.get()) == 0 && self.frees_wanted() {
+                    // Space is short and blocks freed by uncommitted transactions
+                    // would relieve it: let their commit land first.
+                    journal.commit_all()?;
+                }
+                Some(journal.join(credits)?)
+            }
             None => None,
         };
         HANDLES_HELD.with(|h| h.set(h.get() + 1));
         Ok(Handle { fs: self, credits, dirtied: false, finished: false, joined })
+    }
+
+    /// Whether space is short enough that the blocks waiting for a commit to be
+    /// reusable are needed: an operation may want a few hundred blocks of
+    /// headroom, and would otherwise fail with ENOSPC while they wait.
+    fn frees_wanted(&self) -> bool {
+        const LOW_SPACE_BLOCKS: u64 = 1024;
+        let Some(journal) = self.journal.as_ref() else { return false };
+        if journal.pending_free_blocks.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let reserved = self.sb.read().s_r_blocks_count;
+        self.allocatable_blocks() < reserved + LOW_SPACE_BLOCKS
     }
 
     /// Refuses (before anything changes) an operation that could need more than
@@ -52,15 +72,23 @@ impl Filesystem {
     /// space halfway (a handle cannot be undone once it has dirtied buffers).
     pub(crate) fn ensure_space(&self, blocks: u64) -> Result<()> {
         let reserved = self.sb.read().s_r_blocks_count;
-        let free = self.allocatable_blocks();
+        let mut free = self.allocatable_blocks();
         if free < reserved + blocks {
             if let Some(journal) = self.journal.as_ref() {
                 // Blocks freed by transactions not yet committed come back when
-                // they commit: wake the journal thread for the next attempt.
-                if journal.pending_free_blocks.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                // they commit: wait for that once and look again, as the kernel's
+                // ext4_should_retry_alloc does (the journal thread takes no lock
+                // the caller may hold; inside a handle we cannot wait).
+                let pending = journal.pending_free_blocks.load(std::sync::atomic::Ordering::Relaxed) > 0;
+                if pending && HANDLES_HELD.with(|h| h.get()) == 0 {
+                    journal.commit_all()?;
+                    free = self.allocatable_blocks();
+                } else if pending {
                     journal.request_commit();
                 }
             }
+        }
+        if free < reserved + blocks {
             return Err(Error::NoSpace(format!(
                 "{free} free blocks (not counting those freed since the last commit), {reserved} reserved, up to {blocks} needed"
             )));
