@@ -56,6 +56,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &Populate,
         &FsyncFiles,
         &ParallelWriters,
+        &FsyncStorm,
     ]
 }
 
@@ -593,6 +594,85 @@ impl Workload for ParallelWriters {
                     workers
                         .into_iter()
                         .try_for_each(|w| w.join().unwrap_or_else(|_| Err(io::Error::other("a writer panicked"))))
+                })
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates in one directory while N = 0, 1, 2, 4 other threads each rewrite and
+/// fsync a file of their own in directories of their own: whether one caller's
+/// fsync stalls everybody else's changes (issue 13). The phase's ops/s is the
+/// creates'; their 99th-percentile latency goes to stderr.
+struct FsyncStorm;
+
+impl FsyncStorm {
+    /// Four phases of this must fit the 32,768 inodes mkfs gives the image.
+    fn creates(quick: bool) -> u64 {
+        if quick {
+            1_500
+        } else {
+            7_000
+        }
+    }
+}
+
+impl Workload for FsyncStorm {
+    fn name(&self) -> &'static str {
+        "fsync-storm"
+    }
+    fn about(&self) -> &'static str {
+        "empty-file creates in one directory while 0, 1, 2, 4 other threads fsync their own files elsewhere"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!("{} creates per phase", Self::creates(quick))
+    }
+    fn image_mb(&self, _quick: bool) -> u64 {
+        512
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let n = Self::creates(quick);
+        for fsyncers in [0u64, 1, 2, 4] {
+            phases.untimed(&mut |fs| {
+                fs.mkdir(&format!("creates-{fsyncers}"), 0o755)?;
+                (0..fsyncers).try_for_each(|t| fs.mkdir(&format!("sync-{fsyncers}-{t}"), 0o755))
+            })?;
+            phases.timed(&format!("N={fsyncers}"), n, &mut |fs| {
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                std::thread::scope(|s| {
+                    let stop = &stop;
+                    let syncers: Vec<_> = (0..fsyncers)
+                        .map(|t| {
+                            s.spawn(move || -> io::Result<()> {
+                                let mut file = fs.create(&format!("sync-{fsyncers}-{t}/file"), 0o644)?;
+                                let block = pattern(t, 4096);
+                                let mut i = 0u64;
+                                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                    file.write_at((i % 64) * 4096, &block)?;
+                                    file.fsync()?;
+                                    i += 1;
+                                }
+                                Ok(())
+                            })
+                        })
+                        .collect();
+                    let mut latencies = Vec::with_capacity(n as usize);
+                    let created = (0..n).try_for_each(|i| {
+                        let t = std::time::Instant::now();
+                        fs.create(&format!("creates-{fsyncers}/f{i:07}"), 0o644)?;
+                        latencies.push(t.elapsed());
+                        Ok(())
+                    });
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    latencies.sort();
+                    if let Some(p99) = latencies.get(latencies.len() * 99 / 100) {
+                        eprintln!("fsync-storm N={fsyncers}: create p99 {p99:?}");
+                    }
+                    syncers
+                        .into_iter()
+                        .try_for_each(|w| w.join().unwrap_or_else(|_| Err(io::Error::other("an fsyncer panicked"))))
+                        .and(created)
                 })
             })?;
         }

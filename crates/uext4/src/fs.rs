@@ -56,13 +56,49 @@ pub struct Options {
     /// Inodes kept parsed in memory.
     pub inode_cache_entries: usize,
     /// The running transaction commits once it is this old, as the kernel's
-    /// commit= mount option: noticed when the next change starts, and by the
-    /// commit timer thread (`Filesystem::start_commit_timer`) when none comes.
+    /// commit= mount option (the journal thread watches it; without a journal,
+    /// the write-back thread writes dirty buffers home this often).
     pub commit_interval_secs: u64,
     /// Unwritten extents of up to this many blocks are zeroed out whole when one
     /// of their blocks is written, instead of split (0: never). Changeable while
     /// open (`Filesystem::set_tunable`).
     pub extent_zeroout_len: u32,
+    /// What an error does, as the kernel's errors= mount option; None takes the
+    /// superblock's s_errors (remount-ro when it names none).
+    pub errors: Option<Errors>,
+}
+
+/// The kernel's errors= behaviours. Whatever the choice, an error that aborts the
+/// journal (a failed commit, an operation failing halfway) leaves the filesystem
+/// read-only, as the kernel's journal abort does; `Continue` goes on only after
+/// errors that leave no half-done change behind (images without a journal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Errors {
+    Continue,
+    RemountRo,
+    Panic,
+}
+
+impl std::str::FromStr for Errors {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Errors> {
+        match s {
+            "continue" => Ok(Errors::Continue),
+            "remount-ro" => Ok(Errors::RemountRo),
+            "panic" => Ok(Errors::Panic),
+            _ => Err(Error::Invalid(format!("errors={s}: expected continue, remount-ro or panic"))),
+        }
+    }
+}
+
+impl Errors {
+    fn from_superblock(s_errors: u16) -> Errors {
+        match s_errors {
+            EXT4_ERRORS_CONTINUE => Errors::Continue,
+            EXT4_ERRORS_PANIC => Errors::Panic,
+            _ => Errors::RemountRo,
+        }
+    }
 }
 
 impl Default for Options {
@@ -74,6 +110,7 @@ impl Default for Options {
             inode_cache_entries: 65536,
             commit_interval_secs: 5,
             extent_zeroout_len: 256,
+            errors: None,
         }
     }
 }
@@ -106,20 +143,20 @@ pub struct Geometry {
 }
 
 pub struct Filesystem {
-    pub(crate) cache: BufferCache,
+    pub(crate) cache: Arc<BufferCache>,
     pub(crate) geo: Geometry,
-    pub(crate) sb: RwLock<Superblock>,
+    pub(crate) sb: Arc<RwLock<Superblock>>,
     pub(crate) groups: Vec<RwLock<GroupDesc>>,
     inode_cache: Vec<Mutex<HashMap<u32, Arc<Inode>>>>,
     inode_cache_shard_capacity: usize,
-    read_only: bool,
+    pub(crate) read_only: bool,
     /// Why the filesystem is read-only, for error messages.
     read_only_reason: String,
     /// Damage a read-only open went on with (a group descriptor checksum mismatch).
     damage_at_open: Option<String>,
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
-    pub(crate) alloc: crate::alloc::AllocState,
+    pub(crate) alloc: Arc<crate::alloc::AllocState>,
     /// Inodes whose extent tree split a node since the last sync: sync packs their
     /// trees again (see `extent::write`).
     pub(crate) extent_compact: Mutex<std::collections::HashSet<u32>>,
@@ -139,10 +176,141 @@ pub struct Filesystem {
     /// Inode locks (DESIGN.md level 3), by inode number.
     pub(crate) inode_locks: crate::locks::LockTable,
     /// The jbd2 journal metadata is written through (writable opens of images with one).
-    pub(crate) journal: Option<crate::journal::log::Journal>,
+    pub(crate) journal: Option<Arc<crate::journal::log::Journal>>,
     /// Group metadata (superblock copies, descriptors, bitmaps, inode tables) as
     /// sorted, merged block ranges [start, end): no file block may lie there.
     system_zone: Vec<(u64, u64)>,
+    /// The error state (errors=), shared with the journal's view of the filesystem.
+    pub(crate) errors: Arc<ErrorState>,
+    /// The write-back thread of a writable image without a journal.
+    writeback: Option<crate::cache::Writeback>,
+}
+
+/// Whether an error has put the filesystem in its error state, and why.
+pub(crate) struct ErrorState {
+    behaviour: Errors,
+    /// Writes are refused (EROFS) and fsync fails (EIO) from here on.
+    failed: std::sync::atomic::AtomicBool,
+    reason: std::sync::OnceLock<String>,
+}
+
+/// What the journal sees of the filesystem (`JournalOwner`): the superblock, the
+/// cache and the allocator's free runs, never a whole `Filesystem`.
+struct JournalView {
+    cache: Arc<BufferCache>,
+    sb: Arc<RwLock<Superblock>>,
+    alloc: Arc<crate::alloc::AllocState>,
+    geo: Geometry,
+    errors: Arc<ErrorState>,
+}
+
+impl JournalView {
+    fn group_first_block(&self, group: u32) -> u64 {
+        self.geo.first_data_block as u64 + group as u64 * self.geo.blocks_per_group as u64
+    }
+}
+
+impl crate::journal::log::JournalOwner for JournalView {
+    fn set_needs_recovery(&self, on: bool) -> Result<()> {
+        let bs = self.geo.block_size as u64;
+        let buf = self.cache.get(SUPERBLOCK_OFFSET / bs)?;
+        {
+            let mut sb = self.sb.write();
+            if on {
+                sb.s_feature_incompat |= INCOMPAT_RECOVER;
+            } else {
+                sb.s_feature_incompat &= !INCOMPAT_RECOVER;
+            }
+            // The cached copy of the block must agree, or a later commit would undo it.
+            let off = (SUPERBLOCK_OFFSET % bs) as usize;
+            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.to_bytes());
+        }
+        // On disk only the flag changes: the in-memory superblock may hold changes
+        // (an orphan list head, free counts) no commit has made durable yet, and a
+        // crash must not find them home without the rest of their transaction.
+        let dev = self.cache.device();
+        let mut raw = [0u8; SUPERBLOCK_SIZE];
+        dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
+        let mut home = Superblock::from_bytes(&raw);
+        if on {
+            home.s_feature_incompat |= INCOMPAT_RECOVER;
+        } else {
+            home.s_feature_incompat &= !INCOMPAT_RECOVER;
+        }
+        // Not under the superblock lock: operations read it, and a flush is slow.
+        dev.write_at(SUPERBLOCK_OFFSET, &home.to_bytes())?;
+        dev.flush()
+    }
+
+    fn released(&self, freed: &[(u64, u64)]) {
+        for &(start, len) in freed {
+            let mut block = start;
+            while block < start + len {
+                let g = ((block - self.geo.first_data_block as u64) / self.geo.blocks_per_group as u64) as u32;
+                let gstart = self.group_first_block(g);
+                let in_group = (self.geo.blocks_count - gstart).min(self.geo.blocks_per_group as u64);
+                let end = (start + len).min(gstart + in_group);
+                if let Some(runs) = self.alloc.free_runs.get(g as usize) {
+                    if let Some(runs) = runs.lock().as_mut() {
+                        runs.put((block - gstart) as u32, (end - block) as u32);
+                    }
+                }
+                block = end;
+            }
+        }
+    }
+
+    fn aborted(&self, why: &str) {
+        record_error(&self.cache, &self.sb, &self.errors, why, true);
+    }
+
+    fn error_from_previous_mount(&self, errno: i32) {
+        let why = format!("the journal recorded error {errno} in a previous mount");
+        // As the kernel: the error is recorded, the mount goes on.
+        let rec = error_record(&why);
+        self.sb.write().record_error(&rec);
+        let _ = write_error_home(&self.cache, &rec);
+    }
+}
+
+fn error_record(why: &str) -> ErrorRecord {
+    // The function field names where uext4 noticed, as the kernel's names the C
+    // function: the first words of the reason.
+    let func: String = why.chars().take(32).collect();
+    ErrorRecord { time: crate::clock::coarse_seconds(), ino: 0, block: 0, func, line: 0, errcode: EXT4_ERR_EIO }
+}
+
+/// Records the error in the superblock on disk: the home copy is patched, not
+/// replaced by the in-memory one (which holds changes no commit made durable).
+fn write_error_home(cache: &BufferCache, rec: &ErrorRecord) -> Result<()> {
+    let dev = cache.device();
+    let mut raw = [0u8; SUPERBLOCK_SIZE];
+    dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
+    let mut home = Superblock::from_bytes(&raw);
+    home.record_error(rec);
+    dev.write_at(SUPERBLOCK_OFFSET, &home.to_bytes())?;
+    dev.flush()
+}
+
+/// The kernel's ext4_handle_error: record the error in the superblock, then do
+/// what errors= says. `abort` errors (the journal stopped, or a change was left
+/// half-done) make the filesystem read-only even under errors=continue.
+fn record_error(cache: &BufferCache, sb: &RwLock<Superblock>, errors: &ErrorState, why: &str, abort: bool) {
+    use std::sync::atomic::Ordering;
+    // Read-only first, then the reason: whoever sees the error state sees it whole.
+    if errors.behaviour == Errors::RemountRo || abort {
+        errors.failed.store(true, Ordering::SeqCst);
+    }
+    let _ = errors.reason.set(why.to_string());
+    eprintln!("uext4: error: {why}");
+    let rec = error_record(why);
+    sb.write().record_error(&rec);
+    if let Err(e) = write_error_home(cache, &rec) {
+        eprintln!("uext4: recording the error in the superblock failed: {e}");
+    }
+    if errors.behaviour == Errors::Panic {
+        panic!("uext4: errors=panic: {why}");
+    }
 }
 
 /// The image's blocks `[start, start + count)` lie beyond its end: the image is truncated.
@@ -283,7 +451,7 @@ impl Filesystem {
         // uext4 writes only extent-mapped files: without the extent feature, read-only.
         let (read_only, reason) =
             if !read_only && !geo.has_extents { (true, NO_EXTENTS_READ_ONLY.to_string()) } else { (read_only, reason) };
-        let cache = BufferCache::new(dev, geo.block_size, opts.cache_mb);
+        let cache = Arc::new(BufferCache::new(dev, geo.block_size, opts.cache_mb));
         // As the kernel's ext4_check_descriptors: a descriptor whose only fault is
         // its checksum refuses a writable mount and lets a read-only one go on.
         let bad_checksum = Self::first_bad_descriptor_checksum(&cache, &sb, &geo);
@@ -305,11 +473,17 @@ impl Filesystem {
             }
         };
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
-        let alloc = crate::alloc::AllocState::new(&groups.iter().map(|g| g.read().clone()).collect::<Vec<_>>());
+        let alloc =
+            Arc::new(crate::alloc::AllocState::new(&groups.iter().map(|g| g.read().clone()).collect::<Vec<_>>()));
+        let errors = Arc::new(ErrorState {
+            behaviour: opts.errors.unwrap_or(Errors::from_superblock(sb.s_errors)),
+            failed: false.into(),
+            reason: std::sync::OnceLock::new(),
+        });
         let fs = Filesystem {
             cache,
             geo,
-            sb: RwLock::new(sb),
+            sb: Arc::new(RwLock::new(sb)),
             groups,
             alloc,
             extent_compact: Mutex::new(std::collections::HashSet::new()),
@@ -329,6 +503,8 @@ impl Filesystem {
             replayed_journal_blocks,
             journal: None,
             system_zone: Vec::new(),
+            errors,
+            writeback: None,
         };
         let mut fs = fs;
         fs.system_zone = fs.metadata_ranges().into_iter().map(|(start, end, _)| (start, end)).collect();
@@ -367,9 +543,30 @@ impl Filesystem {
         // superblock): a refused open must leave every byte as it was. They are
         // freed once the journal is ready.
         let orphans = self.pending_orphans()?;
+        let interval = std::time::Duration::from_secs(opts.commit_interval_secs.max(1));
         if self.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
-            let interval = std::time::Duration::from_secs(opts.commit_interval_secs);
-            self.journal = Some(crate::journal::log::Journal::load(self, interval)?);
+            let map = self.journal_block_map()?;
+            let view = Arc::new(JournalView {
+                cache: self.cache.clone(),
+                sb: self.sb.clone(),
+                alloc: self.alloc.clone(),
+                geo: self.geo.clone(),
+                errors: self.errors.clone(),
+            });
+            let (want_64bit, want_csum) = {
+                let sb = self.sb.read();
+                (sb.is_64bit(), sb.has_metadata_csum())
+            };
+            self.journal = Some(crate::journal::log::Journal::load(
+                map,
+                self.cache.clone(),
+                view,
+                interval,
+                want_64bit,
+                want_csum,
+            )?);
+        } else {
+            self.writeback = Some(self.cache.start_writeback(interval)?);
         }
         if !orphans.is_empty() {
             self.process_orphans(&orphans)?;
@@ -586,7 +783,61 @@ impl Filesystem {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        self.read_only || self.errors.failed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// EIO for a durability request (fsync, sync) refused by the error state.
+    pub(crate) fn error_state_eio(&self) -> Error {
+        let why = self.errors.reason.get().map_or("the filesystem is in its error state", |s| s.as_str());
+        Error::Io(std::io::Error::other(format!("filesystem error state: {why}")))
+    }
+
+    /// Whether an error put the filesystem in its error state (see `Errors`).
+    pub fn has_failed(&self) -> bool {
+        self.errors.reason.get().is_some()
+    }
+
+    /// An operation failed in a way that cannot be undone (a handle ended after
+    /// dirtying buffers without `finish`): abort the journal, so the half-done
+    /// change never commits, and enter the error state.
+    pub(crate) fn fail_operation(&self, why: &str) {
+        match self.journal.as_ref() {
+            Some(journal) => journal.abort(why),
+            None => record_error(&self.cache, &self.sb, &self.errors, why, false),
+        }
+    }
+
+    /// Without a journal: tells the write-back thread the dirty list has grown.
+    pub(crate) fn writeback_kick(&self) {
+        if let Some(w) = self.writeback.as_ref() {
+            if self.cache.dirty_pressure() {
+                w.kick();
+            }
+        }
+    }
+
+    /// The physical block behind each block of the journal inode.
+    fn journal_block_map(&self) -> Result<Vec<u64>> {
+        let jino = self.sb.read().s_journal_inum;
+        if jino == 0 {
+            return Err(Error::unsupported("writing through an external journal device"));
+        }
+        let inode = self.inode(jino)?;
+        let bs = self.geo.block_size as u64;
+        let count = inode.i_size / bs;
+        let mut map = Vec::with_capacity(count as usize);
+        let mut lblk = 0;
+        while lblk < count {
+            let m = self.map_blocks(jino, &inode, lblk, count - lblk)?;
+            match m.kind {
+                crate::extent::MapKind::Mapped(p) => map.extend((0..m.len).map(|i| p + i)),
+                _ => {
+                    return Err(Error::corrupt(format!("journal has a hole at block {lblk}"), format!("inode {jino}")))
+                }
+            }
+            lblk += m.len;
+        }
+        Ok(map)
     }
 
     /// Who else held the image when it was opened read-only (a uext4 mount, the
@@ -596,7 +847,10 @@ impl Filesystem {
     }
 
     pub fn read_only_reason(&self) -> &str {
-        &self.read_only_reason
+        match self.errors.reason.get() {
+            Some(why) if self.is_read_only() && !self.read_only => why,
+            _ => &self.read_only_reason,
+        }
     }
 
     /// Damage found at open that a read-only open goes on with, if any.
@@ -691,6 +945,7 @@ impl Filesystem {
     /// order, each step flushed (a crash in between just recovers again).
     fn recover_journal_home(dev: &Arc<dyn BlockDevice>, sb: &Superblock, opts: &Options) -> Result<Superblock> {
         let (blocks, next_sequence) = Self::replay_journal_in_memory(dev, sb, opts)?;
+        let before_replay = sb;
         let bs = sb.block_size() as u64;
         for (block, data) in &blocks {
             dev.write_at(block * bs, data)?;
@@ -713,6 +968,9 @@ impl Filesystem {
         dev.read_at(SUPERBLOCK_OFFSET, &mut raw_sb)?;
         let mut sb = Superblock::parse(&raw_sb, !opts.ignore_checksums)?;
         sb.s_feature_incompat &= !INCOMPAT_RECOVER;
+        // The journal's copy of the superblock predates any error recorded since:
+        // keep the record, as the kernel's ext4_load_journal does.
+        sb.keep_error_info(before_replay);
         dev.write_at(SUPERBLOCK_OFFSET, &sb.to_bytes())?;
         dev.flush()?;
         Ok(sb)
@@ -764,9 +1022,13 @@ impl Filesystem {
         if self.read_only {
             return Ok(());
         }
+        if self.is_read_only() {
+            return Err(self.error_state_eio());
+        }
         self.compact_split_extent_trees()?;
         {
-            // The handle first: beginning one may commit, which takes the superblock lock.
+            // The handle first: beginning one may wait for a commit, and the journal
+            // thread takes the superblock lock.
             let mut tx = self.begin(1)?;
             // The orphans lock before the superblock's (ns/orphan.rs): orphan_present
             // goes once the orphan file is empty, as at the kernel's clean unmount.
@@ -783,9 +1045,9 @@ impl Filesystem {
             drop(orphans);
             tx.finish()?;
         }
-        match self.journal {
+        match self.journal.as_ref() {
             // Through the log, then home: the image is then consistent without it.
-            Some(_) => self.checkpoint(),
+            Some(journal) => journal.checkpoint_all(),
             None => self.cache.flush(),
         }
     }
@@ -816,15 +1078,24 @@ impl Filesystem {
     /// committed survives, the rest is lost. For crash tests.
     pub fn abandon(mut self) {
         self.read_only = true;
+        // The journal thread and the write-back thread stop where they are.
+        if let Some(journal) = self.journal.as_ref() {
+            journal.shutdown();
+        }
+        self.writeback.take();
     }
 }
 
 impl Drop for Filesystem {
     fn drop(&mut self) {
-        if !self.read_only {
+        if !self.is_read_only() {
             if let Err(e) = self.sync() {
                 eprintln!("uext4: writing back on close failed: {e}");
             }
         }
+        if let Some(journal) = self.journal.as_ref() {
+            journal.shutdown();
+        }
+        self.writeback.take();
     }
 }

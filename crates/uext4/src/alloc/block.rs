@@ -272,6 +272,7 @@ impl Filesystem {
             }
             tx.dirty(&buf);
             if let Some(journal) = self.journal.as_ref() {
+                // Takes the journal's brief state lock only (never the log's).
                 journal.note_freed(block..run_end);
             }
             gd.bg_free_blocks_count = gd.bg_free_blocks_count.saturating_add((run_end - block) as u32);

@@ -178,6 +178,7 @@ impl Filesystem {
     /// `write_inode` without the orphan chain's stamp (for callers holding the
     /// orphans lock).
     pub(crate) fn write_inode_slot(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
+        tx.note_inode(ino);
         let group = (ino - 1) / self.geo.inodes_per_group;
         let index = (ino - 1) % self.geo.inodes_per_group;
         let table = self.groups[group as usize].read().bg_inode_table;

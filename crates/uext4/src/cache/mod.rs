@@ -5,15 +5,30 @@
 //! not on every access. Capacity is `cache_mb` worth of blocks, split over shards
 //! so that threads touching different blocks rarely meet on a lock. Eviction is a
 //! clock: recently used buffers get a second chance, and buffers still held by a
-//! caller or dirty are never evicted (the cache may then overshoot its bound
-//! briefly rather than block). Dirty buffers are written back sorted by block number.
+//! caller or dirty are never evicted.
+//!
+//! Every buffer that turns dirty is put on one dirty list, so neither a commit nor a
+//! write-back ever scans the whole cache: with a journal the list is the running
+//! transaction's (the commit takes it whole, `take_dirty`); without one it is what
+//! `flush` and the write-back thread (`start_writeback`) write home, sorted by block.
+//!
+//! The bound holds because whoever makes buffers unevictable also drains them
+//! before they fill the cache: the journal commits once the dirty list reaches a
+//! quarter of the capacity, and makes new handles wait at a half; it checkpoints
+//! (unpinning committed buffers) once a quarter is pinned; the write-back thread
+//! writes home past a quarter. What remains is the slack of the shards: each
+//! evicts on its own, so the cache may exceed `capacity()` by at most
+//! `capacity() / 4` blocks held unevictable in excess of their fair share in one
+//! shard, plus the buffers callers hold at that moment (`RESIDENT_SLACK_BLOCKS`
+//! states a bound for tests).
 
 use crate::dev::BlockDevice;
 use crate::error::Result;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 const SHARDS: usize = 16;
 
@@ -68,7 +83,16 @@ pub struct BufferCache {
     misses: AtomicU64,
     evictions: AtomicU64,
     verifications: AtomicU64,
+    /// Buffers that turned dirty since the list was last taken (some may have
+    /// been cleaned or forgotten since: takers skip those).
+    dirty: Mutex<Vec<Arc<Buffer>>>,
+    dirty_count: AtomicUsize,
 }
+
+/// Blocks the cache may hold beyond `capacity()` under any workload whose
+/// unevictable buffers its owner keeps under three quarters of the capacity (see
+/// the module comment): one shard's excess plus buffers held by callers.
+pub const RESIDENT_SLACK_BLOCKS: usize = 256;
 
 impl BufferCache {
     pub fn new(dev: Arc<dyn BlockDevice>, block_size: usize, cache_mb: usize) -> BufferCache {
@@ -82,6 +106,8 @@ impl BufferCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             verifications: AtomicU64::new(0),
+            dirty: Mutex::new(Vec::new()),
+            dirty_count: AtomicUsize::new(0),
         }
     }
 
@@ -186,22 +212,30 @@ impl BufferCache {
         }
     }
 
-    /// Returns whether the buffer was clean before.
-    pub fn mark_dirty(&self, buf: &Buffer) -> bool {
+    /// Marks the buffer dirty, putting it on the dirty list if it was clean;
+    /// returns whether it was clean before.
+    pub fn mark_dirty(&self, buf: &Arc<Buffer>) -> bool {
         // A block we wrote ourselves carries checksums we computed.
         buf.verified.store(true, Ordering::Release);
-        !buf.dirty.swap(true, Ordering::AcqRel)
+        let was_clean = !buf.dirty.swap(true, Ordering::AcqRel);
+        if was_clean {
+            self.dirty.lock().push(buf.clone());
+            self.dirty_count.fetch_add(1, Ordering::Relaxed);
+        }
+        was_clean
     }
 
-    /// Takes every dirty buffer with a copy of its contents, in block order, and
-    /// marks them clean: the journal's commit owns them from here.
+    /// Buffers on the dirty list (an upper bound of the dirty buffers).
+    pub fn dirty_count(&self) -> usize {
+        self.dirty_count.load(Ordering::Relaxed)
+    }
+
+    /// Takes the dirty list, in block order, with a copy of every buffer's contents
+    /// (the frozen copy a commit writes while handles go on changing the buffer),
+    /// and marks them clean: the journal's commit owns them from here. The caller
+    /// keeps buffers from changing meanwhile (the journal closes its gate).
     pub fn take_dirty(&self) -> Vec<(Arc<Buffer>, Box<[u8]>)> {
-        let mut dirty: Vec<Arc<Buffer>> = Vec::new();
-        for s in &self.shards {
-            dirty.extend(s.lock().map.values().filter(|b| b.is_dirty()).cloned());
-        }
-        dirty.sort_by_key(|b| b.block);
-        dirty
+        self.take_dirty_list()
             .into_iter()
             .map(|b| {
                 b.dirty.store(false, Ordering::Release);
@@ -211,23 +245,86 @@ impl BufferCache {
             .collect()
     }
 
+    fn take_dirty_list(&self) -> Vec<Arc<Buffer>> {
+        let mut list = std::mem::take(&mut *self.dirty.lock());
+        self.dirty_count.fetch_sub(list.len(), Ordering::Relaxed);
+        list.retain(|b| b.is_dirty());
+        list.sort_by_key(|b| b.block);
+        list.dedup_by_key(|b| b.block);
+        list
+    }
+
+    /// Puts buffers back on the dirty list: a commit that could not write them
+    /// hands them back dirty, so the cache neither evicts nor forgets their state.
+    pub fn redirty(&self, bufs: impl IntoIterator<Item = Arc<Buffer>>) {
+        for b in bufs {
+            self.mark_dirty(&b);
+        }
+    }
+
     /// Writes every dirty buffer, in block order, then flushes the device.
     pub fn flush(&self) -> Result<()> {
-        let mut dirty: Vec<Arc<Buffer>> = Vec::new();
-        for s in &self.shards {
-            dirty.extend(s.lock().map.values().filter(|b| b.is_dirty()).cloned());
-        }
-        dirty.sort_by_key(|b| b.block);
-        for b in dirty {
+        self.write_back()?;
+        self.dev.flush()
+    }
+
+    /// Writes every buffer on the dirty list home (without a flush).
+    fn write_back(&self) -> Result<()> {
+        let dirty = self.take_dirty_list();
+        let mut rest = dirty.into_iter();
+        for b in rest.by_ref() {
             // Clear first: a change racing with the write re-marks it for the next flush.
             b.dirty.store(false, Ordering::Release);
-            let data = b.read();
-            if let Err(e) = self.dev.write_at(b.block * self.block_size as u64, &data) {
-                b.dirty.store(true, Ordering::Release);
+            let result = self.dev.write_at(b.block * self.block_size as u64, &b.read());
+            if let Err(e) = result {
+                self.mark_dirty(&b);
+                self.redirty(rest);
                 return Err(e);
             }
         }
-        self.dev.flush()
+        Ok(())
+    }
+
+    /// Starts the write-back thread of a cache without a journal: it writes the
+    /// dirty list home once it passes a quarter of the capacity, and every
+    /// `interval` whatever its length, so the cache keeps its bound and a crash
+    /// loses at most `interval` of changes. Ends when the returned guard drops.
+    pub fn start_writeback(self: &Arc<Self>, interval: Duration) -> Result<Writeback> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let wake = Arc::new((Mutex::new(false), parking_lot::Condvar::new()));
+        let cache = Arc::downgrade(self);
+        let wake2 = wake.clone();
+        let thread = std::thread::Builder::new().name("uext4-writeback".into()).spawn(move || {
+            let tick = Duration::from_millis(50);
+            let mut last = std::time::Instant::now();
+            loop {
+                {
+                    let mut woken = wake2.0.lock();
+                    if !*woken {
+                        wake2.1.wait_for(&mut woken, tick);
+                    }
+                    *woken = false;
+                }
+                if !matches!(stopped.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
+                    return;
+                }
+                let Some(cache) = cache.upgrade() else { return };
+                let due = cache.dirty_count() > cache.capacity() / 4
+                    || (cache.dirty_count() > 0 && last.elapsed() >= interval);
+                if due {
+                    last = std::time::Instant::now();
+                    if let Err(e) = cache.write_back() {
+                        eprintln!("uext4: write-back failed: {e}");
+                    }
+                }
+            }
+        })?;
+        Ok(Writeback { stop: Some(stop), wake, thread: Some(thread) })
+    }
+
+    /// Bytes of block data resident in the cache.
+    pub fn resident_bytes(&self) -> usize {
+        self.len() * self.block_size
     }
 
     pub fn len(&self) -> usize {
@@ -242,12 +339,43 @@ impl BufferCache {
         self.shard_capacity * SHARDS
     }
 
+    /// Wakes the write-back thread (if any) when the dirty list has grown.
+    pub(crate) fn dirty_pressure(&self) -> bool {
+        self.dirty_count() > self.capacity() / 4
+    }
+
     pub fn stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             checksum_verifications: self.verifications.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The running write-back thread; dropping it stops the thread (after the write it
+/// may be doing).
+pub struct Writeback {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    wake: Arc<(Mutex<bool>, parking_lot::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writeback {
+    /// Asks the thread to look at the dirty list now.
+    pub fn kick(&self) {
+        *self.wake.0.lock() = true;
+        self.wake.1.notify_one();
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        self.kick();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
@@ -285,5 +413,46 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(verified, 1, "a cached block is verified once");
+    }
+
+    #[test]
+    fn the_dirty_list_is_what_gets_written_and_the_write_back_thread_keeps_the_bound() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 4096 * 1024]));
+        let cache = Arc::new(BufferCache::new(dev.clone(), 1024, 1));
+        let a = cache.get(3).unwrap();
+        a.write().fill(7);
+        assert!(cache.mark_dirty(&a));
+        assert!(!cache.mark_dirty(&a), "dirty once, listed once");
+        let gone = cache.get(4).unwrap();
+        gone.write().fill(8);
+        cache.mark_dirty(&gone);
+        cache.forget(4);
+        let taken = cache.take_dirty();
+        assert_eq!(taken.iter().map(|(b, _)| b.block).collect::<Vec<_>>(), [3], "a forgotten block is never written");
+        assert!(taken[0].1.iter().all(|&x| x == 7) && !a.is_dirty());
+        assert_eq!(cache.dirty_count(), 0);
+
+        // Without a journal: the write-back thread writes the list home on its
+        // own, and the cache stays within its bound while 4,000 blocks are dirtied.
+        let _writeback = cache.start_writeback(Duration::from_secs(3600)).unwrap();
+        let mut peak = 0;
+        for blk in 0..4000u64 {
+            let b = cache.get(blk).unwrap();
+            b.write()[0] = blk as u8 | 1;
+            cache.mark_dirty(&b);
+            drop(b);
+            if cache.dirty_pressure() {
+                _writeback.kick();
+                while cache.dirty_count() > cache.capacity() / 2 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            peak = peak.max(cache.len());
+        }
+        assert!(peak <= cache.capacity() + RESIDENT_SLACK_BLOCKS, "{peak} blocks resident");
+        cache.flush().unwrap();
+        let mut block = [0u8; 1024];
+        dev.read_at(3999 * 1024, &mut block).unwrap();
+        assert_eq!(block[0], (3999u64 as u8) | 1);
     }
 }

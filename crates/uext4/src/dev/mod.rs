@@ -323,6 +323,11 @@ pub enum Fault {
     /// caller picks a multiple of the device's atomic write unit), and nothing
     /// after it.
     Tear { write: u64, keep: usize },
+    /// Write `n` fails with EIO (nothing of it arrives); the others succeed, as
+    /// on a disk with one bad spot.
+    FailWrite(u64),
+    /// Read `n` fails with EIO; the others succeed.
+    FailRead(u64),
 }
 
 /// A device that loses writes the way a power cut does, for crash tests. Writes
@@ -332,11 +337,12 @@ pub struct FaultDevice {
     inner: Arc<dyn BlockDevice>,
     fault: Fault,
     writes: AtomicU64,
+    reads: AtomicU64,
 }
 
 impl FaultDevice {
     pub fn new(inner: Arc<dyn BlockDevice>, fault: Fault) -> FaultDevice {
-        FaultDevice { inner, fault, writes: AtomicU64::new(0) }
+        FaultDevice { inner, fault, writes: AtomicU64::new(0), reads: AtomicU64::new(0) }
     }
 
     /// Writes requested so far, those dropped included.
@@ -344,11 +350,19 @@ impl FaultDevice {
         self.writes.load(Ordering::SeqCst)
     }
 
-    /// Whether the cut has happened: some write has been lost.
+    /// Reads requested so far, the failed one included.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    /// Whether the fault has happened: some write has been lost, or the failing
+    /// request has been made.
     pub fn is_cut(&self) -> bool {
         let n = self.writes();
         match self.fault {
             Fault::None => false,
+            Fault::FailWrite(bad) => n >= bad,
+            Fault::FailRead(bad) => self.reads() >= bad,
             Fault::DropAfter(last) => n > last,
             Fault::Tear { write, .. } => n >= write,
         }
@@ -357,12 +371,17 @@ impl FaultDevice {
 
 impl BlockDevice for FaultDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let n = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fault == Fault::FailRead(n) {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(5)));
+        }
         self.inner.read_at(offset, buf)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
         match self.fault {
+            Fault::FailWrite(bad) if n == bad => Err(Error::Io(std::io::Error::from_raw_os_error(5))),
             Fault::DropAfter(last) if n > last => Ok(()),
             Fault::Tear { write, .. } if n > write => Ok(()),
             Fault::Tear { write, keep } if n == write => self.inner.write_at(offset, &buf[..keep.min(buf.len())]),
@@ -384,6 +403,48 @@ impl BlockDevice for FaultDevice {
 
     fn in_use(&self) -> Option<String> {
         self.inner.in_use()
+    }
+}
+
+/// A device whose flushes take `delay` (a disk with a slow cache flush), for
+/// latency tests; reads and writes pass straight through.
+pub struct SlowFlushDevice {
+    inner: Arc<dyn BlockDevice>,
+    delay: std::time::Duration,
+    flushes: AtomicU64,
+}
+
+impl SlowFlushDevice {
+    pub fn new(inner: Arc<dyn BlockDevice>, delay: std::time::Duration) -> SlowFlushDevice {
+        SlowFlushDevice { inner, delay, flushes: AtomicU64::new(0) }
+    }
+
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+}
+
+impl BlockDevice for SlowFlushDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.delay);
+        self.inner.flush()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
     }
 }
 
@@ -410,5 +471,14 @@ mod tests {
         assert_eq!((blocks(&c), cut), (vec![16, 4, 0, 0], true));
         let (_, cut) = write_all(Fault::DropAfter(4));
         assert!(!cut, "nothing was lost");
+        let mem = Arc::new(MemDevice::new(vec![0u8; 64]));
+        let dev = FaultDevice::new(mem.clone(), Fault::FailWrite(2));
+        let results: Vec<bool> = (0..3u64).map(|i| dev.write_at(i * 16, &[9; 16]).is_ok()).collect();
+        assert_eq!(results, [true, false, true], "only the chosen write fails");
+        assert_eq!(blocks(&mem.contents()), [16, 0, 16, 0]);
+        let dev = FaultDevice::new(mem, Fault::FailRead(1));
+        let mut b = [0u8; 16];
+        assert_eq!(dev.read_at(0, &mut b).unwrap_err().errno(), 5);
+        assert!(dev.read_at(0, &mut b).is_ok() && dev.is_cut());
     }
 }

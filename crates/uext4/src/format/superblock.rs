@@ -543,3 +543,96 @@ impl Superblock {
         Self::from_bytes(&raw)
     }
 }
+
+// s_errors: what the kernel does when it detects an error.
+pub const EXT4_ERRORS_CONTINUE: u16 = 1;
+pub const EXT4_ERRORS_RO: u16 = 2;
+pub const EXT4_ERRORS_PANIC: u16 = 3;
+
+/// ext4's error codes for s_first_error_errcode/s_last_error_errcode.
+pub const EXT4_ERR_UNKNOWN: u8 = 1;
+pub const EXT4_ERR_EIO: u8 = 2;
+
+/// Where an error happened, as the superblock records it (s_first_error_*,
+/// s_last_error_*).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ErrorRecord {
+    pub time: u64,
+    pub ino: u32,
+    pub block: u64,
+    /// At most 32 bytes are kept (the field is not NUL-terminated when full).
+    pub func: String,
+    pub line: u32,
+    pub errcode: u8,
+}
+
+// The error record, between s_error_count and s_mount_opts, is not modelled as
+// fields: these read and write it in the raw bytes `to_bytes` starts from.
+const S_ERROR_COUNT: usize = 0x194;
+const S_ERR_END: usize = 0x200;
+const S_FIRST_ERROR: usize = 0x198;
+const S_LAST_ERROR_TIME: usize = 0x1CC;
+const S_FIRST_ERROR_TIME_HI: usize = 0x278;
+const S_LAST_ERROR_TIME_HI: usize = 0x279;
+const S_FIRST_ERROR_ERRCODE: usize = 0x27A;
+const S_LAST_ERROR_ERRCODE: usize = 0x27B;
+
+impl Superblock {
+    pub fn s_error_count(&self) -> u32 {
+        le32(&self.raw[..], S_ERROR_COUNT)
+    }
+
+    /// The first error recorded, if any (s_first_error_time is not zero).
+    pub fn first_error(&self) -> Option<ErrorRecord> {
+        let b = &self.raw[..];
+        let time = time_with_hi(le32(b, S_FIRST_ERROR), b[S_FIRST_ERROR_TIME_HI]);
+        let func = &b[0x1A8..0x1C8];
+        let func_len = func.iter().position(|&c| c == 0).unwrap_or(func.len());
+        (time != 0 || self.s_error_count() != 0).then(|| ErrorRecord {
+            time,
+            ino: le32(b, 0x19C),
+            block: le64(b, 0x1A0),
+            func: String::from_utf8_lossy(&func[..func_len]).into_owned(),
+            line: le32(b, 0x1C8),
+            errcode: b[S_FIRST_ERROR_ERRCODE],
+        })
+    }
+
+    /// Records an error as the kernel's save_error_info does: the error state bit
+    /// in s_state, the count, the first error (if none yet) and the last one.
+    pub fn record_error(&mut self, e: &ErrorRecord) {
+        self.s_state |= EXT4_ERROR_FS;
+        let b = &mut self.raw[..];
+        let count = le32(b, S_ERROR_COUNT).saturating_add(1);
+        put_le32(b, S_ERROR_COUNT, count);
+        let mut func = [0u8; 32];
+        let name = e.func.as_bytes();
+        func[..name.len().min(32)].copy_from_slice(&name[..name.len().min(32)]);
+        if le32(b, S_FIRST_ERROR) == 0 && b[S_FIRST_ERROR_TIME_HI] == 0 {
+            put_le32(b, S_FIRST_ERROR, e.time as u32);
+            b[S_FIRST_ERROR_TIME_HI] = (e.time >> 32) as u8;
+            put_le32(b, 0x19C, e.ino);
+            put_le64(b, 0x1A0, e.block);
+            b[0x1A8..0x1C8].copy_from_slice(&func);
+            put_le32(b, 0x1C8, e.line);
+            b[S_FIRST_ERROR_ERRCODE] = e.errcode;
+        }
+        put_le32(b, S_LAST_ERROR_TIME, e.time as u32);
+        b[S_LAST_ERROR_TIME_HI] = (e.time >> 32) as u8;
+        put_le32(b, 0x1D0, e.ino);
+        put_le32(b, 0x1D4, e.line);
+        put_le64(b, 0x1D8, e.block);
+        b[0x1E0..0x200].copy_from_slice(&func);
+        b[S_LAST_ERROR_ERRCODE] = e.errcode;
+    }
+
+    /// Carries the error state and record of `from` over (the kernel keeps them
+    /// across a journal replay, whose copy of the superblock predates the error).
+    pub fn keep_error_info(&mut self, from: &Superblock) {
+        self.s_state |= from.s_state & EXT4_ERROR_FS;
+        self.raw[S_ERROR_COUNT..S_ERR_END].copy_from_slice(&from.raw[S_ERROR_COUNT..S_ERR_END]);
+        for off in [S_FIRST_ERROR_TIME_HI, S_LAST_ERROR_TIME_HI, S_FIRST_ERROR_ERRCODE, S_LAST_ERROR_ERRCODE] {
+            self.raw[off] = from.raw[off];
+        }
+    }
+}

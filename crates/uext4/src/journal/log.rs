@@ -1,55 +1,134 @@
-//! Writing through the jbd2 journal.
+//! Writing through the jbd2 journal: transactions, their commit on the journal
+//! thread, checkpoint, and abort.
 //!
-//! One running transaction collects every metadata block dirtied in the cache
-//! since the last commit; operations join it through their handles. A commit
-//! closes it (waiting for the handles in flight, which is brief: no handle waits
-//! on anything a committer holds), copies the dirty blocks, and writes descriptor
-//! blocks with their tags, the copies, revoke blocks and a commit block into the
-//! circular log, flushing the device before the commit block (file data, written
-//! straight to its blocks, is thereby on disk before the commit that points at it)
-//! and after it. The committed copies stay pinned in memory until a checkpoint
-//! writes them home and empties the log; the cached buffers stay pinned with them,
-//! so nobody reads a block's stale home copy meanwhile.
+//! The shape is jbd2's. One *running* transaction collects the buffers handles
+//! dirty (the cache's dirty list is its list: no scan of the cache finds them).
+//! A commit runs on the journal thread (the kernel's kjournald2), which closes the
+//! running transaction (taking the gate exclusively waits for the handles in
+//! flight, which never wait on a commit), takes a frozen copy of each of its
+//! buffers (jbd2's b_frozen_data), opens the next running transaction, and only
+//! then writes descriptors with their tags, the copies, revoke blocks and a commit
+//! block into the circular log, flushing the device before the commit block (file
+//! data, written straight to its blocks, is thereby on disk before the commit that
+//! points at it) and after it. Meanwhile handles go on in the new running
+//! transaction: a buffer changed again joins it, and the commit writes its frozen
+//! copy. A handle waits for a commit only when the running transaction has grown
+//! past the hard limit (half the log, or half the cache): that is where a large
+//! change is split, at a handle boundary, so no transaction outgrows the log.
+//!
+//! Committed copies stay pinned in memory with their cached buffers (so nobody
+//! reads a block's stale home copy) until a checkpoint writes them home and empties
+//! the log; the journal thread checkpoints once half the log or a quarter of the
+//! cache is pinned. Who waits for what: `wait_committed(tid)` waits for one
+//! transaction (fsync waits for the one holding its inode's last change); nobody
+//! waiting holds a handle, and the journal thread takes no lock of the namespace,
+//! inodes or groups (its narrow view of the filesystem is `JournalOwner`).
+//!
+//! Abort: a commit or checkpoint whose write fails, or a handle that ends without
+//! `finish` after dirtying buffers, aborts the journal. Nothing commits after
+//! that (the half-done transaction never becomes durable), the buffers of a failed
+//! commit are put back dirty (their state is not dropped), the journal superblock
+//! records the errno as jbd2 does, and the owner records the error in the ext4
+//! superblock and turns read-only. Recovery at the next open replays what was
+//! committed before the abort.
 //!
 //! Invariants: the journal superblock's s_start is 0 exactly when no committed
 //! transaction awaits checkpoint, and the ext4 superblock says needs_recovery in
-//! the same cases. A block freed while a live transaction holds a copy of it is
-//! revoked in the next commit, and from that commit on its copy is never written
-//! home; dirtying it again cancels the revoke, as jbd2 does. Blocks freed in the
-//! running transaction are not handed out again until it commits: a crash before
-//! then brings back their old owner, whose blocks must still hold its bytes.
+//! the same cases. A block freed while the live log or the committing transaction
+//! holds a copy of it is revoked by the freeing transaction, and from its commit on
+//! that copy is never written home; dirtying it again cancels the revoke, as jbd2
+//! does. Blocks a transaction freed are not handed out again until it commits
+//! (`JournalOwner::released`): a crash before then brings back their old owner,
+//! whose blocks must still hold its bytes. Transaction ids (tids) count every
+//! closed transaction, empty ones too; log sequences count only those written.
 
-use crate::cache::Buffer;
+use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Result};
-use crate::extent::MapKind;
 use crate::format::journal::*;
-use crate::format::superblock::*;
-use crate::fs::Filesystem;
-use parking_lot::{Mutex, RwLock};
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The journal's narrow view of the filesystem that owns it.
+pub(crate) trait JournalOwner: Send + Sync {
+    /// Sets or clears needs_recovery in the superblock, written home and flushed
+    /// at once (the flag must be on disk before the log it announces, and stay
+    /// until the log is empty).
+    fn set_needs_recovery(&self, on: bool) -> Result<()>;
+    /// A transaction committed: the blocks it freed may be handed out again
+    /// (jbd2's j_commit_callback).
+    fn released(&self, freed: &[(u64, u64)]);
+    /// The journal aborted: record the error and stop writing.
+    fn aborted(&self, why: &str);
+    /// The journal superblock recorded an errno (an abort in a previous mount):
+    /// record it as an error of the filesystem, as the kernel does at mount.
+    fn error_from_previous_mount(&self, errno: i32);
+}
 
 pub(crate) struct Journal {
     /// The physical block behind each journal block.
     map: Vec<u64>,
+    cache: Arc<BufferCache>,
+    owner: Arc<dyn JournalOwner>,
     /// Handles hold it shared; closing the running transaction takes it exclusively.
     pub(crate) gate: RwLock<()>,
-    /// Blocks newly dirtied since the last commit (for the size trigger).
-    pub(crate) running_blocks: AtomicUsize,
-    /// Revokes of the running transaction.
-    pub(crate) revokes: Mutex<BTreeSet<u64>>,
-    /// Blocks the running transaction freed (start, length): not reusable until it
-    /// commits. Their count is subtracted from what the allocator may hand out.
-    pending_free: Mutex<Vec<(u64, u64)>>,
-    pub(crate) pending_free_blocks: AtomicU64,
+    state: Mutex<TxState>,
+    /// Wakes the journal thread.
+    wake: Condvar,
+    /// Signals waiters: a transaction closed or committed, the log has room, an abort.
+    changed: Condvar,
+    /// The log itself: held by whoever writes it (the journal thread through a
+    /// commit's I/O, a checkpoint), never by a handle.
     log: Mutex<LogState>,
-    /// Dropped with the filesystem, which wakes and ends the commit timer thread.
-    timer_stop: Mutex<Option<std::sync::mpsc::Sender<()>>>,
-    /// A commit once the running transaction holds this many blocks.
-    max_transaction_blocks: usize,
+    /// Blocks freed by transactions not yet committed: subtracted from what the
+    /// allocator may hand out.
+    pub(crate) pending_free_blocks: AtomicU64,
+    /// Milliseconds (since `epoch`) when the running transaction got its first
+    /// buffer; 0 while it is empty.
+    running_since: AtomicU64,
+    epoch: Instant,
+    handle_waits: AtomicU64,
+    /// The last transaction that changed each inode (for fsync).
+    inode_tids: Mutex<HashMap<u32, u64>>,
+    limits: Limits,
     commit_interval: Duration,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// The journal thread commits once the running transaction holds this many blocks.
+    commit_blocks: usize,
+    /// New handles wait for a commit beyond this many.
+    hard_blocks: usize,
+    /// The journal thread checkpoints once the log uses this many blocks...
+    checkpoint_log_blocks: u32,
+    /// ... or this many committed buffers are pinned.
+    checkpoint_pinned: usize,
+}
+
+struct TxState {
+    /// The running transaction's id.
+    running: u64,
+    /// The last transaction committed (or found empty).
+    committed: u64,
+    /// The highest transaction someone waits to see committed.
+    requested: u64,
+    /// Revokes of the running transaction.
+    revokes: BTreeSet<u64>,
+    /// Blocks the running transaction freed (start, length).
+    freed: Vec<(u64, u64)>,
+    /// Blocks with a copy in the live log or in the committing transaction.
+    in_log: HashSet<u64>,
+    /// Blocks the live log uses and committed copies pinned, as of the last commit
+    /// or checkpoint (what the journal thread's checkpoint trigger reads).
+    log_used: u32,
+    pinned: usize,
+    aborted: Option<String>,
+    aborting: bool,
+    stop: bool,
 }
 
 struct LogState {
@@ -58,13 +137,12 @@ struct LogState {
     last: u32,
     /// Where the next transaction's first block goes.
     head: u32,
-    /// The sequence the running transaction will commit as.
+    /// The sequence the next transaction written will commit as.
     sequence: u32,
     /// Where the oldest committed, not yet checkpointed transaction starts.
     live_from: Option<u32>,
     /// The newest committed copy of every block awaiting checkpoint.
     checkpoint: BTreeMap<u64, (Arc<Buffer>, Box<[u8]>)>,
-    last_commit: Instant,
     stats: JournalStats,
 }
 
@@ -75,10 +153,13 @@ pub struct JournalStats {
     pub checkpoints: u64,
     pub blocks_logged: u64,
     pub revokes_logged: u64,
-    /// Transactions too big for the log, written home directly (not atomic).
+    /// Always 0: a transaction is split at handle boundaries before it outgrows
+    /// the log, never written home outside it. Kept for callers that report it.
     pub unjournaled_commits: u64,
     /// Times the log's head passed its end and went on from the start.
     pub wraps: u64,
+    /// Times a handle waited for a commit to make room (the hard limit).
+    pub handle_waits: u64,
 }
 
 impl LogState {
@@ -103,8 +184,8 @@ impl LogState {
 }
 
 thread_local! {
-    /// Handles this thread holds: a thread inside a handle must not commit (it
-    /// would wait for itself).
+    /// Handles this thread holds: a thread inside a handle must not wait for a
+    /// commit (the commit waits for its handle).
     pub(crate) static HANDLES_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
@@ -113,33 +194,34 @@ fn now() -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
+fn io_error(why: &str) -> Error {
+    Error::Io(std::io::Error::other(format!("journal aborted: {why}")))
+}
+
+/// A place in the running transaction, held by a handle: its id, and the gate
+/// that keeps the transaction from closing until the handle is done.
+pub(crate) struct Joined<'a> {
+    pub(crate) tid: u64,
+    _gate: parking_lot::RwLockReadGuard<'a, ()>,
+}
+
 impl Journal {
-    /// Maps the journal inode and readies its superblock for writing, setting the
-    /// features the kernel sets when it mounts such a filesystem.
-    pub(crate) fn load(fs: &Filesystem, commit_interval: Duration) -> Result<Journal> {
-        let sb = fs.superblock();
-        let jino = sb.s_journal_inum;
-        if jino == 0 {
-            return Err(Error::unsupported("writing through an external journal device"));
-        }
-        let inode = fs.inode(jino)?;
-        let bs = fs.geo.block_size as u64;
-        let count = inode.i_size / bs;
-        let mut map = Vec::with_capacity(count as usize);
-        let mut lblk = 0;
-        while lblk < count {
-            let m = fs.map_blocks(jino, &inode, lblk, count - lblk)?;
-            match m.kind {
-                MapKind::Mapped(p) => map.extend((0..m.len).map(|i| p + i)),
-                _ => {
-                    return Err(Error::corrupt(format!("journal has a hole at block {lblk}"), format!("inode {jino}")))
-                }
-            }
-            lblk += m.len;
-        }
+    /// Readies the journal whose blocks are `map` (journal block n at physical
+    /// block map[n]) for writing, setting the features the kernel sets when it
+    /// mounts such a filesystem, and starts its thread.
+    pub(crate) fn load(
+        map: Vec<u64>,
+        cache: Arc<BufferCache>,
+        owner: Arc<dyn JournalOwner>,
+        commit_interval: Duration,
+        want_64bit: bool,
+        want_csum_v3: bool,
+    ) -> Result<Arc<Journal>> {
+        let bs = cache.block_size() as u64;
+        let dev = cache.device().clone();
         let mut raw = vec![0u8; bs as usize];
-        let first = *map.first().ok_or_else(|| Error::corrupt("journal inode is empty", format!("inode {jino}")))?;
-        fs.cache.device().read_at(first * bs, &mut raw)?;
+        let first = *map.first().ok_or_else(|| Error::corrupt("journal inode is empty", "journal"))?;
+        dev.read_at(first * bs, &mut raw)?;
         let mut jsb = JournalSuperblock::parse(&raw)?;
         if jsb.header.h_blocktype != JBD2_SUPERBLOCK_V2 {
             return Err(Error::unsupported("writing through a version 1 journal"));
@@ -159,11 +241,15 @@ impl Journal {
             return Err(Error::unsupported(format!("journal incompat features {:#x}", jsb.s_feature_incompat)));
         }
         let before = jsb.clone();
+        if jsb.s_errno != 0 {
+            owner.error_from_previous_mount(jsb.s_errno);
+            jsb.s_errno = 0;
+        }
         jsb.s_feature_incompat |= JBD2_FEATURE_INCOMPAT_REVOKE;
-        if sb.is_64bit() {
+        if want_64bit {
             jsb.s_feature_incompat |= JBD2_FEATURE_INCOMPAT_64BIT;
         }
-        if sb.has_metadata_csum() {
+        if want_csum_v3 {
             jsb.s_feature_incompat =
                 (jsb.s_feature_incompat & !JBD2_FEATURE_INCOMPAT_CSUM_V2) | JBD2_FEATURE_INCOMPAT_CSUM_V3;
             jsb.s_feature_compat &= !JBD2_FEATURE_COMPAT_CHECKSUM;
@@ -178,20 +264,45 @@ impl Journal {
             return Err(Error::corrupt("journal is too small to hold a transaction", "journal superblock"));
         }
         if jsb != before {
-            fs.cache.device().write_at(first * bs, &jsb.to_bytes())?;
-            fs.cache.device().flush()?;
+            dev.write_at(first * bs, &jsb.to_bytes())?;
+            dev.flush()?;
         }
         let log_len = (last - jsb.s_first) as usize;
-        Ok(Journal {
+        let cache_blocks = cache.capacity();
+        let limits = Limits {
+            commit_blocks: (log_len / 4).min(cache_blocks / 4).max(8),
+            hard_blocks: (log_len / 2).min(cache_blocks / 2).max(16),
+            checkpoint_log_blocks: (log_len / 2) as u32,
+            checkpoint_pinned: (cache_blocks / 4).max(16),
+        };
+        let journal = Arc::new(Journal {
             map,
+            cache,
+            owner,
             gate: RwLock::new(()),
-            running_blocks: AtomicUsize::new(0),
-            revokes: Mutex::new(BTreeSet::new()),
-            pending_free: Mutex::new(Vec::new()),
-            timer_stop: Mutex::new(None),
+            state: Mutex::new(TxState {
+                running: 1,
+                committed: 0,
+                requested: 0,
+                revokes: BTreeSet::new(),
+                freed: Vec::new(),
+                in_log: HashSet::new(),
+                log_used: 0,
+                pinned: 0,
+                aborted: None,
+                aborting: false,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+            changed: Condvar::new(),
             pending_free_blocks: AtomicU64::new(0),
-            max_transaction_blocks: (log_len / 4).max(8),
+            running_since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            handle_waits: AtomicU64::new(0),
+            inode_tids: Mutex::new(HashMap::new()),
+            limits,
             commit_interval,
+            thread: Mutex::new(None),
             log: Mutex::new(LogState {
                 head: jsb.s_first,
                 sequence: jsb.s_sequence,
@@ -199,22 +310,211 @@ impl Journal {
                 last,
                 live_from: None,
                 checkpoint: BTreeMap::new(),
-                last_commit: Instant::now(),
                 stats: JournalStats::default(),
             }),
-        })
+        });
+        let worker = journal.clone();
+        let thread = std::thread::Builder::new().name("uext4-journal".into()).spawn(move || worker.run())?;
+        *journal.thread.lock() = Some(thread);
+        Ok(journal)
     }
 
-    fn write_jblock(&self, fs: &Filesystem, jblock: u32, data: &[u8]) -> Result<()> {
-        let bs = fs.geo.block_size as u64;
-        fs.cache.device().write_at(self.map[jblock as usize] * bs, data)
+    /// Stops the journal thread (after the commit it may be doing); what is still
+    /// running stays uncommitted. Called when the filesystem closes.
+    pub(crate) fn shutdown(&self) {
+        self.state.lock().stop = true;
+        self.wake.notify_all();
+        self.changed.notify_all();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Joins the running transaction for a handle that may dirty up to `credits`
+    /// blocks. A handle nested in another of the same thread joins at once; any
+    /// other waits, holding no gate, while the running transaction is past the
+    /// hard limit, until a commit has closed it (this splits large changes at
+    /// handle boundaries and keeps the cache's dirty buffers bounded).
+    pub(crate) fn join(&self, credits: u32) -> Result<Joined<'_>> {
+        let nested = HANDLES_HELD.with(|h| h.get()) > 0;
+        if !nested {
+            let mut waited = false;
+            let mut st = self.state.lock();
+            loop {
+                if let Some(why) = &st.aborted {
+                    return Err(Error::ReadOnly(format!("the journal aborted: {why}")));
+                }
+                let dirty = self.cache.dirty_count();
+                if dirty == 0 || dirty + credits as usize <= self.limits.hard_blocks || st.stop {
+                    break;
+                }
+                if !waited {
+                    waited = true;
+                    self.handle_waits.fetch_add(1, Ordering::Relaxed);
+                }
+                let tid = st.running;
+                st.requested = st.requested.max(tid);
+                self.wake.notify_one();
+                while st.running == tid && st.aborted.is_none() && !st.stop {
+                    self.changed.wait(&mut st);
+                }
+            }
+        }
+        // Not `read_recursive` outside a handle: a closing commit waiting for the
+        // gate goes first, so a stream of handles cannot starve it.
+        let gate = if nested { self.gate.read_recursive() } else { self.gate.read() };
+        let tid = self.state.lock().running;
+        Ok(Joined { tid, _gate: gate })
+    }
+
+    /// A buffer was dirtied under a handle of the running transaction.
+    pub(crate) fn dirtied(&self, buf: &Arc<Buffer>) {
+        if self.cache.mark_dirty(buf) {
+            let since = self.epoch.elapsed().as_millis() as u64 + 1;
+            let _ = self.running_since.compare_exchange(0, since, Ordering::Relaxed, Ordering::Relaxed);
+            if self.cache.dirty_count() == self.limits.commit_blocks {
+                self.wake.notify_one();
+            }
+        }
+        self.cancel_revoke(buf.block);
+    }
+
+    /// `ino` changed in transaction `tid`.
+    pub(crate) fn note_inode(&self, ino: u32, tid: u64) {
+        self.inode_tids.lock().insert(ino, tid);
+    }
+
+    /// The transaction that last changed `ino`, if it may not have committed yet.
+    pub(crate) fn inode_tid(&self, ino: u32) -> Option<u64> {
+        let tid = *self.inode_tids.lock().get(&ino)?;
+        (tid > self.state.lock().committed).then_some(tid)
+    }
+
+    /// The running transaction's id.
+    pub(crate) fn running_tid(&self) -> u64 {
+        self.state.lock().running
+    }
+
+    /// Waits until transaction `tid` has committed, asking the journal thread for
+    /// it. The caller holds no handle (nor, by the lock order, any lock a handle
+    /// may wait for). An aborted journal answers EIO.
+    pub(crate) fn wait_committed(&self, tid: u64) -> Result<()> {
+        if HANDLES_HELD.with(|h| h.get()) > 0 {
+            return Err(Error::Busy("waiting for a commit inside a transaction handle would deadlock".into()));
+        }
+        let mut st = self.state.lock();
+        loop {
+            if let Some(why) = &st.aborted {
+                return Err(io_error(why));
+            }
+            if st.committed >= tid {
+                return Ok(());
+            }
+            if st.stop {
+                return Err(Error::ReadOnly("the journal is shut down".into()));
+            }
+            if st.requested < tid {
+                st.requested = tid;
+                self.wake.notify_one();
+            }
+            self.changed.wait(&mut st);
+        }
+    }
+
+    /// Asks the journal thread to commit the running transaction, without waiting.
+    pub(crate) fn request_commit(&self) {
+        let mut st = self.state.lock();
+        st.requested = st.requested.max(st.running);
+        self.wake.notify_one();
+    }
+
+    /// Commits everything so far and waits for it.
+    pub(crate) fn commit_all(&self) -> Result<()> {
+        let tid = self.running_tid();
+        self.wait_committed(tid)
+    }
+
+    /// Commits everything so far, then writes every committed block home and
+    /// empties the log.
+    pub(crate) fn checkpoint_all(&self) -> Result<()> {
+        self.commit_all()?;
+        let mut log = self.log.lock();
+        self.checkpoint_locked(&mut log)
+    }
+
+    /// A block was freed: copies of it in the live log (or in the transaction
+    /// being committed) must not be replayed over what it holds next. The revoke
+    /// goes out with the running transaction; until that commits, the committed
+    /// copy stays due for checkpoint (a checkpoint meanwhile brings home the state
+    /// in which the block is still in use). Takes only the brief state lock.
+    pub(crate) fn note_freed(&self, blocks: std::ops::Range<u64>) {
+        let mut st = self.state.lock();
+        if st.in_log.is_empty() {
+            return;
+        }
+        let hits: Vec<u64> = blocks.filter(|b| st.in_log.contains(b)).collect();
+        st.revokes.extend(hits);
+    }
+
+    /// Blocks freed under a handle of the running transaction.
+    pub(crate) fn defer_free(&self, start: u64, len: u64) {
+        self.state.lock().freed.push((start, len));
+        self.pending_free_blocks.fetch_add(len, Ordering::Relaxed);
+    }
+
+    /// A block joins the running transaction: it is journaled again, so an earlier
+    /// revoke of it in this transaction no longer applies.
+    fn cancel_revoke(&self, block: u64) {
+        let mut st = self.state.lock();
+        if !st.revokes.is_empty() {
+            st.revokes.remove(&block);
+        }
+    }
+
+    /// Stops the journal: nothing commits from here on. Idempotent; the first
+    /// reason is kept.
+    pub(crate) fn abort(&self, why: &str) {
+        {
+            let mut st = self.state.lock();
+            if st.aborting {
+                return;
+            }
+            // From here nothing closes or commits; waiters learn of the abort
+            // once the owner has recorded it (so an EIO they return is never
+            // seen before the error state).
+            st.aborting = true;
+        }
+        self.owner.aborted(why);
+        self.state.lock().aborted = Some(why.to_string());
+        self.changed.notify_all();
+        self.wake.notify_all();
+    }
+
+    /// jbd2 records an abort's errno in its superblock, so the next mount knows.
+    /// The journal thread does it (it may hold the log when the abort happens).
+    fn record_errno(&self) {
+        let mut log = self.log.lock();
+        if log.jsb.s_errno == 0 {
+            log.jsb.s_errno = -5;
+            let _ = self.write_jblock(0, &log.jsb.to_bytes()).and_then(|_| self.cache.device().flush());
+        }
+    }
+
+    pub(crate) fn stats(&self) -> JournalStats {
+        JournalStats { handle_waits: self.handle_waits.load(Ordering::Relaxed), ..self.log.lock().stats }
+    }
+
+    fn write_jblock(&self, jblock: u32, data: &[u8]) -> Result<()> {
+        let bs = self.cache.block_size() as u64;
+        self.cache.device().write_at(self.map[jblock as usize] * bs, data)
     }
 
     /// Writes `blocks` into the log from `start` on, one request per stretch that
     /// is contiguous both in the log and on the device; returns the block after.
-    fn write_log(&self, fs: &Filesystem, log: &LogState, start: u32, blocks: &[Vec<u8>]) -> Result<u32> {
+    fn write_log(&self, log: &LogState, start: u32, blocks: &[Vec<u8>]) -> Result<u32> {
         const MAX_RUN_BLOCKS: usize = 256;
-        let bs = fs.geo.block_size as u64;
+        let bs = self.cache.block_size() as u64;
+        let dev = self.cache.device();
         let mut at = start;
         let mut run: Vec<u8> = Vec::new();
         let mut run_start = at;
@@ -224,7 +524,7 @@ impl Journal {
                 && self.map[at as usize] == self.map[at as usize - 1] + 1
                 && run.len() < MAX_RUN_BLOCKS * bs as usize;
             if !contiguous && !run.is_empty() {
-                fs.cache.device().write_at(self.map[run_start as usize] * bs, &run)?;
+                dev.write_at(self.map[run_start as usize] * bs, &run)?;
                 run.clear();
             }
             if run.is_empty() {
@@ -234,162 +534,151 @@ impl Journal {
             at = log.advance(at);
         }
         if !run.is_empty() {
-            fs.cache.device().write_at(self.map[run_start as usize] * bs, &run)?;
+            dev.write_at(self.map[run_start as usize] * bs, &run)?;
         }
         Ok(at)
     }
 
-    /// Whether the running transaction is large or old enough to commit now.
-    pub(crate) fn wants_commit(&self) -> bool {
-        let blocks = self.running_blocks.load(Ordering::Relaxed);
-        blocks >= self.max_transaction_blocks
-            || (blocks > 0 && self.log.try_lock().is_some_and(|l| l.last_commit.elapsed() >= self.commit_interval))
-    }
-
-    /// A block was freed: copies of it in the live log must not be replayed over
-    /// what it holds next. The revoke goes out with the running transaction; until
-    /// that commits, the committed copy stays due for checkpoint (a checkpoint
-    /// meanwhile brings home the state in which the block is still in use).
-    pub(crate) fn note_freed(&self, blocks: std::ops::Range<u64>) {
-        let log = self.log.lock();
-        if log.checkpoint.is_empty() {
-            return;
-        }
-        let mut revokes = self.revokes.lock();
-        revokes.extend(log.checkpoint.range(blocks).map(|(&b, _)| b));
-    }
-
-    /// Blocks freed under a handle of the running transaction.
-    pub(crate) fn defer_free(&self, start: u64, len: u64) {
-        self.pending_free.lock().push((start, len));
-        self.pending_free_blocks.fetch_add(len, Ordering::Relaxed);
-    }
-
-    /// A block joins the running transaction: it is journaled again, so an earlier
-    /// revoke of it in this transaction no longer applies.
-    pub(crate) fn cancel_revoke(&self, block: u64) {
-        let mut revokes = self.revokes.lock();
-        if !revokes.is_empty() {
-            revokes.remove(&block);
-        }
-    }
-}
-
-impl Filesystem {
-    /// Makes every change so far durable: through the journal when there is one
-    /// (the changes then wait in the log for a checkpoint), otherwise by writing
-    /// them home (`sync`).
-    pub fn commit(&self) -> Result<()> {
-        if self.journal.is_none() {
-            return self.sync();
-        }
-        // Called holding no locks, so extent trees split since the last commit can
-        // be packed first (the automatic commit in `begin` cannot: its caller holds
-        // inode locks).
-        self.compact_split_extent_trees()?;
-        self.commit_transaction().map(drop)
-    }
-
-    /// Starts the commit timer (the kernel's kjournald2): a thread that commits
-    /// the running transaction once it is `commit_interval_secs` old, whether or
-    /// not another change comes along to notice. It ends when the filesystem is
-    /// dropped. Without a journal, or read-only, there is nothing to do.
-    pub fn start_commit_timer(self: &Arc<Self>) -> Result<()> {
-        let Some(journal) = self.journal.as_ref() else { return Ok(()) };
-        if self.is_read_only() {
-            return Ok(());
-        }
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        {
-            let mut slot = journal.timer_stop.lock();
-            if slot.is_some() {
-                return Ok(()); // Already running.
+    /// The journal thread: commits when asked, when the running transaction is
+    /// large or old, and checkpoints when the log or the pinned copies grow.
+    fn run(self: Arc<Self>) {
+        let tick = (self.commit_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+        let mut st = self.state.lock();
+        loop {
+            if st.stop {
+                return;
             }
-            *slot = Some(stop);
-        }
-        let tick = (journal.commit_interval / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
-        let fs = Arc::downgrade(self);
-        std::thread::Builder::new().name("uext4-commit".into()).spawn(move || loop {
-            match stopped.recv_timeout(tick) {
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                _ => return,
-            }
-            let Some(fs) = fs.upgrade() else { return };
-            let due = fs.journal.as_ref().is_some_and(|j| j.wants_commit());
-            if due {
-                if let Err(e) = fs.commit() {
-                    eprintln!("uext4: timed journal commit failed: {e}");
+            let (commit, checkpoint) = match st.aborted {
+                Some(_) => {
+                    drop(st);
+                    self.record_errno();
+                    st = self.state.lock();
+                    if !st.stop {
+                        self.wake.wait_for(&mut st, tick);
+                    }
+                    continue;
                 }
+                None => {
+                    let dirty = self.cache.dirty_count();
+                    let since = self.running_since.load(Ordering::Relaxed);
+                    let old = since != 0
+                        && self.epoch.elapsed().as_millis() as u64 >= since + self.commit_interval.as_millis() as u64;
+                    let pending = dirty > 0 || !st.revokes.is_empty() || !st.freed.is_empty();
+                    let commit = st.requested >= st.running || dirty >= self.limits.commit_blocks || (pending && old);
+                    let checkpoint =
+                        st.log_used >= self.limits.checkpoint_log_blocks || st.pinned >= self.limits.checkpoint_pinned;
+                    (commit, checkpoint)
+                }
+            };
+            if !commit && !checkpoint {
+                self.wake.wait_for(&mut st, tick);
+                continue;
             }
-        })?;
-        Ok(())
+            drop(st);
+            let mut log = self.log.lock();
+            let mut result = Ok(());
+            if commit {
+                result = self.commit_running(&mut log);
+            }
+            if result.is_ok() && checkpoint {
+                result = self.checkpoint_locked(&mut log);
+            }
+            drop(log);
+            if let Err(e) = result {
+                eprintln!("uext4: journal: {e}");
+            }
+            st = self.state.lock();
+        }
     }
 
-    /// Returns once the changes to `ino` (file data included) are on disk. The
-    /// journal commits whole transactions, so every earlier change of any file
-    /// is made durable with them.
-    pub fn fsync(&self, ino: u32) -> Result<()> {
-        self.inode(ino)?;
-        if self.is_read_only() {
-            return Ok(());
+    /// Closes the running transaction and commits it. The caller holds the log.
+    fn commit_running(&self, log: &mut LogState) -> Result<()> {
+        // Close: no handle is in flight while the gate is held, so the copies are
+        // whole; handles that come after join the next transaction.
+        let (tid, copies, revokes, freed) = {
+            let _closed = self.gate.write();
+            let mut st = self.state.lock();
+            if st.aborting {
+                return Ok(());
+            }
+            let tid = st.running;
+            st.running += 1;
+            self.running_since.store(0, Ordering::Relaxed);
+            let copies = self.cache.take_dirty();
+            let revokes = std::mem::take(&mut st.revokes);
+            let freed = std::mem::take(&mut st.freed);
+            st.in_log.extend(copies.iter().map(|(b, _)| b.block));
+            (tid, copies, revokes, freed)
+        };
+        self.changed.notify_all();
+        let result = if copies.is_empty() && revokes.is_empty() {
+            Ok(())
+        } else {
+            self.write_transaction(log, &copies, &revokes)
+        };
+        match result {
+            Ok(()) => {
+                // Revoked blocks are free now and may be reused once this returns:
+                // their old copies must never be written home.
+                for block in &revokes {
+                    log.checkpoint.remove(block);
+                }
+                for (buf, data) in copies {
+                    log.checkpoint.insert(buf.block, (buf, data));
+                }
+                self.owner.released(&freed);
+                let released: u64 = freed.iter().map(|&(_, len)| len).sum();
+                self.pending_free_blocks.fetch_sub(released, Ordering::Relaxed);
+                let mut st = self.state.lock();
+                st.committed = tid;
+                st.log_used = log.used();
+                st.pinned = log.checkpoint.len();
+                let mut tids = self.inode_tids.lock();
+                if tids.len() > 4096 {
+                    tids.retain(|_, t| *t > tid);
+                }
+                drop(tids);
+                drop(st);
+                self.changed.notify_all();
+                Ok(())
+            }
+            Err(e) => {
+                // Nothing is dropped: the buffers go back dirty (the cache keeps
+                // them, and what reads them sees the latest state), the frees stay
+                // pending, and the journal stops.
+                self.cache.redirty(copies.into_iter().map(|(b, _)| b));
+                self.abort(&format!("commit of transaction {tid} failed: {e}"));
+                Err(e)
+            }
         }
-        if self.journal.is_none() {
-            return self.sync();
-        }
-        self.compact_split_extent_trees()?;
-        if !self.commit_transaction()? {
-            // No metadata changed, but data overwritten in place may still sit in
-            // the host's cache.
-            self.cache.device().flush()?;
-        }
-        Ok(())
     }
 
-    /// Commits the running transaction; returns whether it held anything.
-    fn commit_transaction(&self) -> Result<bool> {
-        let Some(journal) = self.journal.as_ref() else {
-            return Ok(false);
-        };
-        if self.is_read_only() {
-            return Ok(false);
-        }
-        // Gate first, then the log: handles take the log lock (note_freed) while
-        // holding the gate shared, so the other order could deadlock.
-        let (mut log, copies, revokes, freed) = {
-            let _closed = journal.gate.write();
-            let log = journal.log.lock();
-            journal.running_blocks.store(0, Ordering::Relaxed);
-            let freed = std::mem::take(&mut *journal.pending_free.lock());
-            (log, self.cache.take_dirty(), std::mem::take(&mut *journal.revokes.lock()), freed)
-        };
-        log.last_commit = Instant::now();
-        if copies.is_empty() && revokes.is_empty() {
-            self.release_freed(journal, &freed);
-            return Ok(false);
-        }
+    /// Writes one transaction into the log: descriptors with their copies, revoke
+    /// blocks, a flush, the commit block, a flush.
+    fn write_transaction(
+        &self,
+        log: &mut LogState,
+        copies: &[(Arc<Buffer>, Box<[u8]>)],
+        revokes: &BTreeSet<u64>,
+    ) -> Result<()> {
         let jsb = log.jsb.clone();
         let per_descriptor = tags_per_descriptor(&jsb);
         let per_revoke = revokes_per_block(&jsb);
         let needed = copies.len().div_ceil(per_descriptor) + copies.len() + revokes.len().div_ceil(per_revoke) + 1;
         if needed + 1 > (log.len() - log.used()) as usize {
-            self.checkpoint_locked(journal, &mut log)?;
+            self.checkpoint_locked(log)?;
         }
         if needed + 1 > log.len() as usize {
-            // Larger than the whole log: the blocks go home directly, as before
-            // journaling. Commits are triggered well before this can happen.
-            log.stats.unjournaled_commits += 1;
-            let bs = self.geo.block_size as u64;
-            for (buf, data) in &copies {
-                self.cache.device().write_at(buf.block * bs, data)?;
-            }
-            self.cache.device().flush()?;
-            self.release_freed(journal, &freed);
-            return Ok(true);
+            // Handles wait at half the log, so only a single handle larger than
+            // the log gets here: it cannot be made durable atomically.
+            return Err(Error::NoSpace(format!(
+                "a transaction of {needed} journal blocks does not fit a log of {}",
+                log.len()
+            )));
         }
         let sequence = log.sequence;
         let start = log.head;
         let seed = jsb.csum_seed();
-        // Descriptors with the copies they describe, then the revokes, in log order.
         let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(needed);
         for chunk in copies.chunks(per_descriptor) {
             let mut tags = Vec::with_capacity(chunk.len());
@@ -412,23 +701,22 @@ impl Filesystem {
         for chunk in revoked.chunks(per_revoke) {
             blocks.push(build_revoke(&jsb, sequence, chunk));
         }
-        let mut at = journal.write_log(self, &log, start, &blocks)?;
+        let mut at = self.write_log(log, start, &blocks)?;
         if log.live_from.is_none() {
             // The log becomes live: recovery must find it from here. The flag goes
             // first: a live log without it is discarded by the kernel and refused
             // by e2fsck, while the flag over an empty log is harmless.
-            self.set_needs_recovery(true)?;
+            self.owner.set_needs_recovery(true)?;
             log.jsb.s_start = start;
             log.jsb.s_sequence = sequence;
-            journal.write_jblock(self, 0, &log.jsb.to_bytes())?;
+            self.write_jblock(0, &log.jsb.to_bytes())?;
         }
         // Everything the commit block vouches for, file data included, first.
         self.cache.device().flush()?;
         let (sec, nsec) = now();
-        journal.write_jblock(self, at, &build_commit(&jsb, sequence, sec, nsec))?;
+        self.write_jblock(at, &build_commit(&jsb, sequence, sec, nsec))?;
         self.cache.device().flush()?;
         at = log.advance(at);
-
         if at < start {
             log.stats.wraps += 1;
         }
@@ -438,58 +726,45 @@ impl Filesystem {
         log.stats.commits += 1;
         log.stats.blocks_logged += copies.len() as u64;
         log.stats.revokes_logged += revoked.len() as u64;
-        // Revoked blocks are free now and may be reused once this returns: their
-        // old copies must never be written home.
-        for block in &revoked {
-            log.checkpoint.remove(block);
-        }
-        for (buf, data) in copies {
-            log.checkpoint.insert(buf.block, (buf, data));
-        }
-        drop(log);
-        self.release_freed(journal, &freed);
-        Ok(true)
-    }
-
-    /// The transaction that freed these blocks is on disk: they may be reused.
-    fn release_freed(&self, journal: &Journal, freed: &[(u64, u64)]) {
-        for &(start, len) in freed {
-            let mut block = start;
-            while block < start + len {
-                let g = self.group_of_block(block);
-                let gstart = self.group_first_block(g);
-                let end = (start + len).min(gstart + self.blocks_in_group(g) as u64);
-                if let Some(runs) = self.alloc.free_runs[g as usize].lock().as_mut() {
-                    runs.put((block - gstart) as u32, (end - block) as u32);
-                }
-                block = end;
-            }
-            journal.pending_free_blocks.fetch_sub(len, Ordering::Relaxed);
-        }
-    }
-
-    /// Commits, then writes every committed block home and empties the log.
-    pub fn checkpoint(&self) -> Result<()> {
-        self.commit_transaction()?;
-        if let Some(journal) = self.journal.as_ref() {
-            let mut log = journal.log.lock();
-            self.checkpoint_locked(journal, &mut log)?;
-        }
         Ok(())
     }
 
-    fn checkpoint_locked(&self, journal: &Journal, log: &mut LogState) -> Result<()> {
+    /// Writes every committed copy home and empties the log. The caller holds the
+    /// log, so no commit is in flight. A failed write aborts the journal.
+    fn checkpoint_locked(&self, log: &mut LogState) -> Result<()> {
         if log.live_from.is_none() {
             return Ok(());
         }
+        if let Some(why) = &self.state.lock().aborted {
+            return Err(io_error(why));
+        }
+        let result = self.write_home(log);
+        if let Err(e) = &result {
+            self.abort(&format!("checkpoint failed: {e}"));
+            return result;
+        }
+        log.checkpoint.clear();
+        log.live_from = None;
+        log.stats.checkpoints += 1;
+        let mut st = self.state.lock();
+        st.in_log.clear();
+        st.log_used = 0;
+        st.pinned = 0;
+        drop(st);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    fn write_home(&self, log: &mut LogState) -> Result<()> {
         // Neighbouring blocks (inode tables, bitmaps) go home in one request.
         const MAX_RUN_BLOCKS: u64 = 256;
-        let bs = self.geo.block_size as u64;
+        let dev = self.cache.device();
+        let bs = self.cache.block_size() as u64;
         let mut run: Vec<u8> = Vec::new();
         let (mut run_start, mut run_len) = (0u64, 0u64);
         for (&block, (_, data)) in &log.checkpoint {
             if run_len > 0 && (block != run_start + run_len || run_len == MAX_RUN_BLOCKS) {
-                self.cache.device().write_at(run_start * bs, &run)?;
+                dev.write_at(run_start * bs, &run)?;
                 run.clear();
                 run_len = 0;
             }
@@ -500,65 +775,187 @@ impl Filesystem {
             run_len += 1;
         }
         if run_len > 0 {
-            self.cache.device().write_at(run_start * bs, &run)?;
+            dev.write_at(run_start * bs, &run)?;
         }
-        self.cache.device().flush()?;
+        dev.flush()?;
         log.jsb.s_start = 0;
         log.jsb.s_sequence = log.sequence;
-        journal.write_jblock(self, 0, &log.jsb.to_bytes())?;
-        self.cache.device().flush()?;
-        self.set_needs_recovery(false)?;
-        log.checkpoint.clear();
-        log.live_from = None;
-        log.stats.checkpoints += 1;
-        Ok(())
+        self.write_jblock(0, &log.jsb.to_bytes())?;
+        dev.flush()?;
+        self.owner.set_needs_recovery(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::{BlockDevice, MemDevice};
+
+    /// An owner with no filesystem behind it: records what the journal tells it.
+    #[derive(Default)]
+    struct Recorder {
+        recover_flag: Mutex<Vec<bool>>,
+        released: Mutex<Vec<(u64, u64)>>,
+        aborted: Mutex<Option<String>>,
     }
 
-    /// Sets or clears needs_recovery in the superblock, written home at once (the
-    /// flag must be on disk before the log it announces, and stay until it is gone).
-    fn set_needs_recovery(&self, on: bool) -> Result<()> {
-        let mut sb = self.sb.write();
-        if on {
-            sb.s_feature_incompat |= INCOMPAT_RECOVER;
-        } else {
-            sb.s_feature_incompat &= !INCOMPAT_RECOVER;
+    impl JournalOwner for Recorder {
+        fn set_needs_recovery(&self, on: bool) -> Result<()> {
+            self.recover_flag.lock().push(on);
+            Ok(())
         }
-        let bytes = sb.to_bytes();
-        // The cached copy of the block must agree, or a later commit would undo it.
-        let bs = self.geo.block_size as u64;
-        let buf = self.cache.get(SUPERBLOCK_OFFSET / bs)?;
-        let off = (SUPERBLOCK_OFFSET % bs) as usize;
-        buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
-        self.cache.device().write_at(SUPERBLOCK_OFFSET, &bytes)?;
-        self.cache.device().flush()
+        fn released(&self, freed: &[(u64, u64)]) {
+            self.released.lock().extend_from_slice(freed);
+        }
+        fn aborted(&self, why: &str) {
+            *self.aborted.lock() = Some(why.to_string());
+        }
+        fn error_from_previous_mount(&self, _errno: i32) {}
     }
 
-    /// Commits when the running transaction has grown large or old. Called where
-    /// the thread holds no handle.
-    pub(crate) fn commit_if_due(&self) -> Result<()> {
-        if let Some(journal) = self.journal.as_ref() {
-            if HANDLES_HELD.with(|h| h.get()) == 0 && (journal.wants_commit() || self.frees_wanted()) {
-                return self.commit_transaction().map(drop);
+    const BS: usize = 1024;
+    const JOURNAL_AT: u64 = 100;
+    const JOURNAL_LEN: u32 = 64;
+
+    /// A device with a v2 journal superblock at block JOURNAL_AT, the journal
+    /// occupying JOURNAL_LEN blocks from there.
+    fn device() -> Arc<MemDevice> {
+        let mut image = vec![0u8; 512 * BS];
+        let mut raw = vec![0u8; BS];
+        BlockHeader { h_magic: JBD2_MAGIC, h_blocktype: JBD2_SUPERBLOCK_V2, h_sequence: 0 }.write(&mut raw);
+        crate::format::bytes::put_be32(&mut raw, 0xC, BS as u32);
+        crate::format::bytes::put_be32(&mut raw, 0x10, JOURNAL_LEN);
+        crate::format::bytes::put_be32(&mut raw, 0x14, 1);
+        crate::format::bytes::put_be32(&mut raw, 0x18, 7);
+        image[JOURNAL_AT as usize * BS..][..BS].copy_from_slice(&raw);
+        Arc::new(MemDevice::new(image))
+    }
+
+    fn load(dev: &Arc<MemDevice>, owner: &Arc<Recorder>) -> (Arc<BufferCache>, Arc<Journal>) {
+        let cache = Arc::new(BufferCache::new(dev.clone(), BS, 1));
+        let map = (JOURNAL_AT..JOURNAL_AT + JOURNAL_LEN as u64).collect();
+        let journal =
+            Journal::load(map, cache.clone(), owner.clone(), Duration::from_secs(3600), false, false).unwrap();
+        (cache, journal)
+    }
+
+    fn replay(dev: &Arc<MemDevice>) -> crate::journal::recovery::Replay {
+        let mut read = |n: u32| {
+            let mut v = vec![0u8; BS];
+            dev.read_at((JOURNAL_AT + n as u64) * BS as u64, &mut v)?;
+            Ok(v)
+        };
+        crate::journal::recovery::recover(&mut read).unwrap()
+    }
+
+    #[test]
+    fn a_commit_writes_frozen_copies_while_the_next_transaction_changes_the_buffers() {
+        let dev = device();
+        let owner = Arc::new(Recorder::default());
+        let (cache, journal) = load(&dev, &owner);
+        let buf = cache.get(10).unwrap();
+        let tid = {
+            let joined = journal.join(1).unwrap();
+            buf.write().fill(0xAA);
+            journal.dirtied(&buf);
+            journal.defer_free(50, 2);
+            joined.tid
+        };
+        journal.wait_committed(tid).unwrap();
+        // The next transaction changes the buffer; the first one's copy is what the log holds.
+        {
+            let _joined = journal.join(1).unwrap();
+            buf.write().fill(0xBB);
+            journal.dirtied(&buf);
+        }
+        let r = replay(&dev);
+        assert_eq!(r.transactions, 1);
+        assert!(r.blocks[&10].iter().all(|&b| b == 0xAA));
+        assert_eq!(*owner.released.lock(), [(50, 2)], "frees are released by their commit");
+        assert_eq!(*owner.recover_flag.lock(), [true]);
+        assert_eq!(journal.pending_free_blocks.load(Ordering::Relaxed), 0);
+        journal.checkpoint_all().unwrap();
+        let mut home = vec![0u8; BS];
+        dev.read_at(10 * BS as u64, &mut home).unwrap();
+        assert!(home.iter().all(|&b| b == 0xBB), "checkpoint writes the newest committed copy home");
+        assert_eq!(replay(&dev).transactions, 0, "the log is empty after a checkpoint");
+        assert_eq!(*owner.recover_flag.lock(), [true, false]);
+        journal.shutdown();
+    }
+
+    /// Fails writes from a chosen one on.
+    struct FailingWrites {
+        inner: Arc<MemDevice>,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl BlockDevice for FailingWrites {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(Error::Io(std::io::Error::from_raw_os_error(5)));
+            }
+            self.inner.write_at(offset, buf)
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn stats(&self) -> crate::dev::IoStats {
+            self.inner.stats()
+        }
+    }
+
+    #[test]
+    fn a_failed_commit_aborts_and_keeps_its_buffers_dirty() {
+        let mem = device();
+        let dev = Arc::new(FailingWrites { inner: mem.clone(), fail: false.into() });
+        let owner = Arc::new(Recorder::default());
+        let cache = Arc::new(BufferCache::new(dev.clone(), BS, 1));
+        let map = (JOURNAL_AT..JOURNAL_AT + JOURNAL_LEN as u64).collect();
+        let journal =
+            Journal::load(map, cache.clone(), owner.clone(), Duration::from_secs(3600), false, false).unwrap();
+        let buf = cache.get(12).unwrap();
+        let tid = {
+            let joined = journal.join(1).unwrap();
+            buf.write().fill(0xCC);
+            journal.dirtied(&buf);
+            journal.defer_free(60, 1);
+            joined.tid
+        };
+        dev.fail.store(true, Ordering::SeqCst);
+        let err = journal.wait_committed(tid).unwrap_err();
+        assert_eq!(err.errno(), 5, "{err}");
+        assert!(owner.aborted.lock().is_some());
+        assert!(buf.is_dirty(), "a failed commit hands its buffers back dirty");
+        assert!(owner.released.lock().is_empty(), "frees of an uncommitted transaction stay pending");
+        assert!(matches!(journal.join(1), Err(Error::ReadOnly(_))));
+        assert_eq!(replay(&mem).transactions, 0, "nothing half-written is replayed");
+        journal.shutdown();
+    }
+
+    #[test]
+    fn a_large_change_is_split_at_handle_boundaries() {
+        let dev = device();
+        let owner = Arc::new(Recorder::default());
+        let (cache, journal) = load(&dev, &owner);
+        // 200 blocks in handles of 4: far more than the 63-block log holds at once.
+        for h in 0..50u64 {
+            let _joined = journal.join(4).unwrap();
+            for i in 0..4 {
+                let buf = cache.get(200 + h * 2 + i % 2).unwrap();
+                buf.write()[0] = h as u8;
+                journal.dirtied(&buf);
             }
         }
-        Ok(())
-    }
-
-    /// Whether space is short enough that the blocks waiting for a commit to be
-    /// reusable are needed: an operation may want a few hundred blocks of
-    /// headroom, and would otherwise fail with ENOSPC while they wait.
-    fn frees_wanted(&self) -> bool {
-        const LOW_SPACE_BLOCKS: u64 = 1024;
-        let Some(journal) = self.journal.as_ref() else { return false };
-        if journal.pending_free_blocks.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
-        let reserved = self.sb.read().s_r_blocks_count;
-        self.allocatable_blocks() < reserved + LOW_SPACE_BLOCKS
-    }
-
-    /// Counters of the journal since open (None without a journal).
-    pub fn journal_stats(&self) -> Option<JournalStats> {
-        self.journal.as_ref().map(|j| j.log.lock().stats)
+        journal.checkpoint_all().unwrap();
+        let stats = journal.stats();
+        assert!(stats.commits >= 2, "{stats:?}");
+        assert!(owner.aborted.lock().is_none());
+        journal.shutdown();
     }
 }

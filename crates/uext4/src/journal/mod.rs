@@ -39,3 +39,63 @@ impl Filesystem {
         Ok((replay.blocks, replay.next_sequence))
     }
 }
+
+impl Filesystem {
+    /// Makes every change so far durable: through the journal when there is one
+    /// (the changes then wait in the log for a checkpoint), otherwise by writing
+    /// them home (`sync`). The caller holds no lock of the filesystem.
+    pub fn commit(&self) -> Result<()> {
+        let Some(journal) = self.journal.as_ref() else { return self.sync() };
+        if self.is_read_only() {
+            return if self.has_failed() { Err(self.error_state_eio()) } else { Ok(()) };
+        }
+        // Called holding no locks, so extent trees split since the last commit can
+        // be packed first.
+        self.compact_split_extent_trees()?;
+        journal.commit_all()
+    }
+
+    /// The journal thread (the kernel's kjournald2) runs from the open of every
+    /// writable journaled image and commits the running transaction once it is
+    /// `commit_interval_secs` old, large, or asked for; and the write-back thread
+    /// of an image without a journal from its open too. Kept for callers that
+    /// started the former commit timer: there is nothing left to start.
+    pub fn start_commit_timer(self: &std::sync::Arc<Self>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Returns once the changes to `ino` (file data included) are on disk: waits
+    /// for the commit of the transaction that holds the inode's last change, or,
+    /// when that has committed already, flushes the device (data overwritten in
+    /// place may sit in its cache). In the error state: EIO.
+    pub fn fsync(&self, ino: u32) -> Result<()> {
+        self.inode(ino)?;
+        if self.read_only {
+            return Ok(());
+        }
+        if self.has_failed() && self.is_read_only() {
+            return Err(self.error_state_eio());
+        }
+        let Some(journal) = self.journal.as_ref() else { return self.sync() };
+        if !self.extent_compact.lock().is_empty() {
+            self.compact_split_extent_trees()?;
+        }
+        match journal.inode_tid(ino) {
+            Some(tid) => journal.wait_committed(tid),
+            None => self.cache.device().flush(),
+        }
+    }
+
+    /// Commits, then writes every committed block home and empties the log.
+    pub fn checkpoint(&self) -> Result<()> {
+        match self.journal.as_ref() {
+            Some(journal) if !self.is_read_only() => journal.checkpoint_all(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counters of the journal since open (None without a journal).
+    pub fn journal_stats(&self) -> Option<log::JournalStats> {
+        self.journal.as_ref().map(|j| j.stats())
+    }
+}
