@@ -38,6 +38,8 @@ default) when the fuse module allows it (/sys/module/fuse/parameters/enable_urin
 on: always, switching that parameter on if needed (root), off: never\n  \
 commit=SECS            journal commit interval (default 5)\n  \
 cache_mb=N             buffer cache bound (default 256)\n  \
+errors=continue|remount-ro|panic   what an I/O error or inconsistency does, as the kernel's\n                         \
+(default: the superblock's, else remount-ro); a journal abort is always read-only\n  \
 extent_zeroout_len=N   zero out unwritten extents of up to N blocks instead of splitting\n                         \
 them (default 256; extent_max_zeroout_kb=KIB is the same in KiB); runtime: see `uext4 tune`\n  \
 dir_ireserve, hash_goal, pdirops, inline_data   not implemented yet: only =off is accepted")]

@@ -485,7 +485,10 @@ fn tune_second_mounts_signals_and_bad_input() {
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "128M");
-    let m = UextMount::new(&image, "threads=2");
+    // mkfs.ext4 leaves errors=continue in the superblock; the option overrides it.
+    let bogus = uext4().arg("mount").args(["-o", "errors=bogus"]).arg(&image).arg(work.path()).output().unwrap();
+    assert!(String::from_utf8_lossy(&bogus.stderr).contains("errors=bogus"), "{bogus:?}");
+    let m = UextMount::new(&image, "threads=2,errors=remount-ro");
     let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(mounts.lines().any(|l| l.contains(&*m.dir.to_string_lossy()) && l.contains(" fuse.uext4 ")), "{mounts}");
 
@@ -499,6 +502,7 @@ fn tune_second_mounts_signals_and_bad_input() {
     // Tunables: listed, changed at runtime, refused by name when unknown or not runtime.
     let listed = run(uext4().arg("tune").arg(&m.dir));
     assert!(listed.contains("extent_zeroout_len=256 (runtime)") && listed.contains("commit=5"), "{listed}");
+    assert!(listed.contains("errors=remount-ro"), "{listed}");
     let refused = uext4().arg("tune").arg(&m.dir).arg("commit=9").output().unwrap();
     assert!(String::from_utf8_lossy(&refused.stderr).contains("set when mounting"), "{refused:?}");
     let refused = uext4().arg("tune").arg(&m.dir).arg("nosuch=1").output().unwrap();

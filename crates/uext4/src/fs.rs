@@ -91,6 +91,16 @@ impl std::str::FromStr for Errors {
     }
 }
 
+impl std::fmt::Display for Errors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Errors::Continue => "continue",
+            Errors::RemountRo => "remount-ro",
+            Errors::Panic => "panic",
+        })
+    }
+}
+
 impl Errors {
     fn from_superblock(s_errors: u16) -> Errors {
         match s_errors {
@@ -780,6 +790,12 @@ impl Filesystem {
 
     pub fn group_desc(&self, group: u32) -> Option<GroupDesc> {
         self.groups.get(group as usize).map(|g| g.read().clone())
+    }
+
+    /// What an error does to this filesystem (the `errors=` option, else the
+    /// superblock's default).
+    pub fn errors_behaviour(&self) -> Errors {
+        self.errors.behaviour
     }
 
     pub fn is_read_only(&self) -> bool {

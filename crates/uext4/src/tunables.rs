@@ -52,6 +52,7 @@ impl Options {
             "extent_zeroout_len" | "extent_max_zeroout_kb" => {
                 self.extent_zeroout_len = zeroout_blocks(key, value, 4096)?
             }
+            "errors" => self.errors = Some(value.parse()?),
             _ => return not_yet(key, value),
         }
         Ok(())
@@ -79,6 +80,7 @@ impl Filesystem {
             Tunable { name: "extent_zeroout_len", value: self.extent_zeroout_len().to_string(), runtime: true },
             Tunable { name: "cache_mb", value: self.cache_mb.to_string(), runtime: false },
             Tunable { name: "commit", value: self.commit_interval_secs.to_string(), runtime: false },
+            Tunable { name: "errors", value: self.errors_behaviour().to_string(), runtime: false },
         ];
         out.extend(NOT_YET.iter().map(|(name, today)| Tunable { name, value: today.to_string(), runtime: false }));
         out
