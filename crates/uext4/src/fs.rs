@@ -1,12 +1,17 @@
 //! `Filesystem`: an opened ext4 image and the operations on it.
 //!
 //! `Filesystem` is `Send + Sync` and every operation takes `&self`; state that
-//! changes lives behind its own lock, taken in the order of DESIGN.md. Opening reads
-//! and checks the superblock and every group descriptor once; inodes are parsed and
-//! their checksums verified once, then served from a bounded inode cache.
+//! changes lives behind its own lock, taken in the order of docs/ARCHITECTURE.md.
+//! Opening reads and checks the superblock and every group descriptor once; a
+//! writable open also checks what the kernel checks before a read-write mount
+//! (descriptors, bitmaps against their counts, orphan records) before it writes
+//! anything, then starts the journal (or the write-back thread). Inodes are parsed
+//! and their checksums verified once, then served from a bounded inode cache.
+//! The error state (`errors=`) lives here too, shared with the journal's narrow
+//! view of the filesystem (`JournalView`).
 //!
-//! The other modules (`extent`, `dir`, `file`, `xattr`, `inline`) add `impl
-//! Filesystem` blocks for their part of the read path.
+//! The other modules (`alloc`, `extent`, `dir`, `file`, `space`, `xattr`,
+//! `inline`, `ns`) add `impl Filesystem` blocks for their part.
 
 use crate::cache::BufferCache;
 use crate::dev::{BlockDevice, FileDevice, OverlayDevice};

@@ -4,7 +4,8 @@
 //! walks); files, directories, inline data and xattrs (`file`, `dir`, `inline`,
 //! `xattr`); block mapping (`extent`); the `journal`; the bounded buffer `cache`;
 //! the `dev` block-device layer; and `format`, the pure dictionary of on-disk
-//! structures. `fs` holds the `Filesystem` they all extend.
+//! structures. `fs` holds the `Filesystem` they all extend. docs/ARCHITECTURE.md
+//! records the layers, types and lock order as built.
 
 pub mod alloc;
 pub mod cache;

@@ -104,6 +104,9 @@ fn mounted_by(me: &Metadata) -> Vec<String> {
 }
 
 /// The flock request failed because someone else holds a conflicting lock.
+/// Tries (10 ms apart) to take a lock whose holder shows no mount: a second at most.
+const LOCK_RETRIES: u32 = 100;
+
 fn lock_taken(file: &File, how: i32) -> Result<bool> {
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
@@ -144,7 +147,18 @@ impl Users {
 pub(crate) fn examine(file: &File, exclusive: bool) -> Result<Users> {
     let me = file.metadata()?;
     let locked = if exclusive {
-        lock_taken(file, libc::LOCK_EX)?
+        let mut taken = lock_taken(file, libc::LOCK_EX)?;
+        // A process that forks while holding the image open (a test harness, a
+        // shell) shares our lock with the child until the child execs and its
+        // close-on-exec descriptors go: a holder with no mount to show for it may
+        // be that, for a moment, so it gets a short while to let go.
+        let mut tries = 0;
+        while taken && tries < LOCK_RETRIES && mounted_by(&me).is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            taken = lock_taken(file, libc::LOCK_EX)?;
+            tries += 1;
+        }
+        taken
     } else {
         let taken = lock_taken(file, libc::LOCK_SH)?;
         if !taken {

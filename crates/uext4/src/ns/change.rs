@@ -1,10 +1,13 @@
 //! Changing the namespace: create, mkdir, symlink, link, unlink, rmdir, and writing
 //! file data — the inode-level API a FUSE low-level frontend calls.
 //!
-//! Locks, in DESIGN.md's order: the parent directory's name lock, then the inode
-//! locks of every inode changed, in ascending inode number. Every change runs in
-//! one transaction handle. Directories here are linear (indexed and inline
-//! directories are refused with `Unsupported` until their writers exist).
+//! Locks, in docs/ARCHITECTURE.md's order: the parent directory's name lock, then
+//! the inode locks of every inode changed, in ascending inode number, then the
+//! transaction handle. Every change runs in one handle and checks everything that
+//! can refuse it (names, limits, space, what it will free) before its first
+//! `tx.dirty`: a handle that fails after that aborts the journal (see
+//! journal/handle.rs). Directories of every kind are changed through `dir`
+//! (linear and htree) and `inline` (moved to a block first).
 
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
@@ -403,6 +406,12 @@ impl Filesystem {
         let mut inode = (*self.inode(ino)?).clone();
         let mut done = 0usize;
         let outcome = self.write_blocks(&mut tx, ino, &mut inode, offset, data, &mut done);
+        if let Err(e @ Error::Io(_)) = outcome {
+            // The device failed between a change (blocks taken, mapped) and the data
+            // it maps: that cannot be undone. The handle ends unfinished, which aborts
+            // the journal if it changed anything (see journal/handle.rs).
+            return Err(e);
+        }
         if outcome.is_err() && done == 0 {
             // Nothing was written; the inode may still have changed (a failed step
             // leaves the tree as it was, earlier steps may not), so it is saved.
