@@ -204,10 +204,19 @@ pub struct Filesystem {
 /// Whether an error has put the filesystem in its error state, and why.
 pub(crate) struct ErrorState {
     behaviour: Errors,
-    /// Writes are refused (EROFS) and fsync fails (EIO) from here on.
-    failed: std::sync::atomic::AtomicBool,
+    /// `ERROR_NONE`, `ERROR_RECORDED` (errors=continue goes on) or `ERROR_READ_ONLY`
+    /// (writes are refused with EROFS and fsync fails with EIO from here on). One
+    /// atomic, so whoever sees an error also sees whether it made the filesystem
+    /// read-only; it only ever grows.
+    state: std::sync::atomic::AtomicU8,
+    /// The first error; set before `state` changes, so it is there for whoever
+    /// sees the state.
     reason: std::sync::OnceLock<String>,
 }
+
+const ERROR_NONE: u8 = 0;
+const ERROR_RECORDED: u8 = 1;
+const ERROR_READ_ONLY: u8 = 2;
 
 /// What the journal sees of the filesystem (`JournalOwner`): the superblock, the
 /// cache and the allocator's free runs, never a whole `Filesystem`.
@@ -312,11 +321,10 @@ fn write_error_home(cache: &BufferCache, rec: &ErrorRecord) -> Result<()> {
 /// half-done) make the filesystem read-only even under errors=continue.
 fn record_error(cache: &BufferCache, sb: &RwLock<Superblock>, errors: &ErrorState, why: &str, abort: bool) {
     use std::sync::atomic::Ordering;
-    // Read-only first, then the reason: whoever sees the error state sees it whole.
-    if errors.behaviour == Errors::RemountRo || abort {
-        errors.failed.store(true, Ordering::SeqCst);
-    }
+    // The reason first, then the state: whoever sees the error state sees it whole.
     let _ = errors.reason.set(why.to_string());
+    let state = if errors.behaviour == Errors::RemountRo || abort { ERROR_READ_ONLY } else { ERROR_RECORDED };
+    errors.state.fetch_max(state, Ordering::SeqCst);
     eprintln!("uext4: error: {why}");
     let rec = error_record(why);
     sb.write().record_error(&rec);
@@ -492,7 +500,7 @@ impl Filesystem {
             Arc::new(crate::alloc::AllocState::new(&groups.iter().map(|g| g.read().clone()).collect::<Vec<_>>()));
         let errors = Arc::new(ErrorState {
             behaviour: opts.errors.unwrap_or(Errors::from_superblock(sb.s_errors)),
-            failed: false.into(),
+            state: ERROR_NONE.into(),
             reason: std::sync::OnceLock::new(),
         });
         let fs = Filesystem {
@@ -804,7 +812,7 @@ impl Filesystem {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only || self.errors.failed.load(std::sync::atomic::Ordering::SeqCst)
+        self.read_only || self.errors.state.load(std::sync::atomic::Ordering::SeqCst) == ERROR_READ_ONLY
     }
 
     /// EIO for a durability request (fsync, sync) refused by the error state.
@@ -815,7 +823,7 @@ impl Filesystem {
 
     /// Whether an error put the filesystem in its error state (see `Errors`).
     pub fn has_failed(&self) -> bool {
-        self.errors.reason.get().is_some()
+        self.errors.state.load(std::sync::atomic::Ordering::SeqCst) != ERROR_NONE
     }
 
     /// An operation failed in a way that cannot be undone (a handle ended after
