@@ -212,6 +212,10 @@ pub(crate) struct ErrorState {
     /// The first error; set before `state` changes, so it is there for whoever
     /// sees the state.
     reason: std::sync::OnceLock<String>,
+    /// Held across every read-modify-write of the home superblock (the journal
+    /// thread's needs_recovery flag, an error record from any thread), so neither
+    /// undoes the other.
+    home_superblock: Mutex<()>,
 }
 
 const ERROR_NONE: u8 = 0;
@@ -245,13 +249,18 @@ impl crate::journal::log::JournalOwner for JournalView {
             } else {
                 sb.s_feature_incompat &= !INCOMPAT_RECOVER;
             }
-            // The cached copy of the block must agree, or a later commit would undo it.
+            // The cached copy of the block reaches the disk only through the log
+            // (see `stage_superblock`), so it always says needs_recovery: a copy
+            // a checkpoint writes home must not clear the flag under a live log.
+            let mut logged = sb.clone();
+            logged.s_feature_incompat |= INCOMPAT_RECOVER;
             let off = (SUPERBLOCK_OFFSET % bs) as usize;
-            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&sb.to_bytes());
+            buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&logged.to_bytes());
         }
         // On disk only the flag changes: the in-memory superblock may hold changes
         // (an orphan list head, free counts) no commit has made durable yet, and a
         // crash must not find them home without the rest of their transaction.
+        let _home = self.errors.home_superblock.lock();
         let dev = self.cache.device();
         let mut raw = [0u8; SUPERBLOCK_SIZE];
         dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
@@ -293,7 +302,7 @@ impl crate::journal::log::JournalOwner for JournalView {
         // As the kernel: the error is recorded, the mount goes on.
         let rec = error_record(&why);
         self.sb.write().record_error(&rec);
-        let _ = write_error_home(&self.cache, &rec);
+        let _ = write_error_home(&self.cache, &self.errors, &rec);
     }
 }
 
@@ -306,7 +315,8 @@ fn error_record(why: &str) -> ErrorRecord {
 
 /// Records the error in the superblock on disk: the home copy is patched, not
 /// replaced by the in-memory one (which holds changes no commit made durable).
-fn write_error_home(cache: &BufferCache, rec: &ErrorRecord) -> Result<()> {
+fn write_error_home(cache: &BufferCache, errors: &ErrorState, rec: &ErrorRecord) -> Result<()> {
+    let _home = errors.home_superblock.lock();
     let dev = cache.device();
     let mut raw = [0u8; SUPERBLOCK_SIZE];
     dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
@@ -328,7 +338,7 @@ fn record_error(cache: &BufferCache, sb: &RwLock<Superblock>, errors: &ErrorStat
     eprintln!("uext4: error: {why}");
     let rec = error_record(why);
     sb.write().record_error(&rec);
-    if let Err(e) = write_error_home(cache, &rec) {
+    if let Err(e) = write_error_home(cache, errors, &rec) {
         eprintln!("uext4: recording the error in the superblock failed: {e}");
     }
     if errors.behaviour == Errors::Panic {
@@ -502,6 +512,7 @@ impl Filesystem {
             behaviour: opts.errors.unwrap_or(Errors::from_superblock(sb.s_errors)),
             state: ERROR_NONE.into(),
             reason: std::sync::OnceLock::new(),
+            home_superblock: Mutex::new(()),
         });
         let fs = Filesystem {
             cache,

@@ -439,7 +439,7 @@ impl Journal {
     pub(crate) fn checkpoint_all(&self) -> Result<()> {
         self.commit_all()?;
         let mut log = self.log.lock();
-        self.checkpoint_locked(&mut log)
+        self.checkpoint_locked(&mut log, &[])
     }
 
     /// A block was freed: copies of it in the live log (or in the transaction
@@ -484,10 +484,15 @@ impl Journal {
             // seen before the error state).
             st.aborting = true;
         }
-        self.owner.aborted(why);
+        // errors=panic panics in the owner: the journal still ends aborted, so no
+        // waiter hangs on a journal that will never commit again.
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.owner.aborted(why)));
         self.state.lock().aborted = Some(why.to_string());
         self.changed.notify_all();
         self.wake.notify_all();
+        if let Err(panic) = recorded {
+            std::panic::resume_unwind(panic);
+        }
     }
 
     /// jbd2 records an abort's errno in its superblock, so the next mount knows.
@@ -581,7 +586,7 @@ impl Journal {
                 result = self.commit_running(&mut log);
             }
             if result.is_ok() && checkpoint {
-                result = self.checkpoint_locked(&mut log);
+                result = self.checkpoint_locked(&mut log, &[]);
             }
             drop(log);
             if let Err(e) = result {
@@ -666,7 +671,9 @@ impl Journal {
         let per_revoke = revokes_per_block(&jsb);
         let needed = copies.len().div_ceil(per_descriptor) + copies.len() + revokes.len().div_ceil(per_revoke) + 1;
         if needed + 1 > (log.len() - log.used()) as usize {
-            self.checkpoint_locked(log)?;
+            // The committing transaction's own blocks stay known as logged: a free
+            // of one of them must still be revoked.
+            self.checkpoint_locked(log, copies)?;
         }
         if needed + 1 > log.len() as usize {
             // Handles wait at half the log, so only a single handle larger than
@@ -730,8 +737,9 @@ impl Journal {
     }
 
     /// Writes every committed copy home and empties the log. The caller holds the
-    /// log, so no commit is in flight. A failed write aborts the journal.
-    fn checkpoint_locked(&self, log: &mut LogState) -> Result<()> {
+    /// log; `committing` is the transaction it is about to write (if any), whose
+    /// blocks stay in `in_log`. A failed write aborts the journal.
+    fn checkpoint_locked(&self, log: &mut LogState, committing: &[(Arc<Buffer>, Box<[u8]>)]) -> Result<()> {
         if log.live_from.is_none() {
             return Ok(());
         }
@@ -748,6 +756,7 @@ impl Journal {
         log.stats.checkpoints += 1;
         let mut st = self.state.lock();
         st.in_log.clear();
+        st.in_log.extend(committing.iter().map(|(b, _)| b.block));
         st.log_used = 0;
         st.pinned = 0;
         drop(st);

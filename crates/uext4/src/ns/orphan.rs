@@ -96,14 +96,28 @@ fn le32_at(data: &[u8], at: usize) -> u32 {
 
 impl Filesystem {
     /// Records an open handle on `ino` (FUSE open / opendir).
+    ///
+    /// Under the inode lock, as unlink decides under it whether the inode is open:
+    /// an inode whose last name went before this open (and that nobody holds open)
+    /// is gone, whatever a caller's stale number says.
     pub fn open_inode(&self, ino: u32) -> Result<()> {
-        self.inode(ino)?;
-        *self.open_files.lock().entry(ino).or_insert(0) += 1;
+        let _lock = self.inode_locks.lock(ino as u64);
+        let inode = self.inode(ino)?;
+        let mut open = self.open_files.lock();
+        if inode.i_links_count == 0 && !open.contains_key(&ino) {
+            return Err(Error::NotFound(format!("inode {ino} was unlinked")));
+        }
+        *open.entry(ino).or_insert(0) += 1;
         Ok(())
     }
 
     /// Drops an open handle; the last close of an unlinked inode frees it.
+    ///
+    /// The count drops under the inode lock, so an unlink (which decides under that
+    /// lock whether to free the inode or record it as an orphan) sees either the
+    /// open or the close whole: the inode is released exactly once.
     pub fn close_inode(&self, ino: u32) -> Result<()> {
+        let _lock = self.inode_locks.lock(ino as u64);
         {
             let mut open = self.open_files.lock();
             let Some(n) = open.get_mut(&ino) else {
@@ -115,7 +129,6 @@ impl Filesystem {
             }
             open.remove(&ino);
         }
-        let _lock = self.inode_locks.lock(ino as u64);
         let mut inode = (*self.inode(ino)?).clone();
         if inode.i_links_count != 0 {
             return Ok(());
@@ -134,8 +147,19 @@ impl Filesystem {
     /// Copies the in-memory superblock `sb` into its cached block under `tx`, so the
     /// change commits with the handle's other changes. The caller holds the
     /// superblock lock (whose guard `sb` is), which keeps the two in step.
+    ///
+    /// With a journal the staged copy says needs_recovery: it reaches the disk only
+    /// through the log, by replay or by a checkpoint, both while the log is live —
+    /// a checkpoint writing it home before the log is emptied must not clear the
+    /// flag under a live log (the checkpoint's end clears it).
     pub(crate) fn stage_superblock(&self, tx: &mut Handle, sb: &Superblock) -> Result<()> {
-        let bytes = sb.to_bytes();
+        let bytes = if self.journal.is_some() && !sb.has_incompat(INCOMPAT_RECOVER) {
+            let mut logged = sb.clone();
+            logged.s_feature_incompat |= INCOMPAT_RECOVER;
+            logged.to_bytes()
+        } else {
+            sb.to_bytes()
+        };
         let bs = self.geo.block_size as u64;
         let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
         let buf = self.cache.get(block)?;
