@@ -16,44 +16,6 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn oracles() -> bool {
-    let have = |t: &str| {
-        Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success())
-    };
-    if !(have("mkfs.ext4") && have("e2fsck") && have("debugfs")) {
-        return !skip("e2fsprogs is not installed");
-    }
-    fuse_available()
-}
-
-/// Mount options for one of the two ways requests travel: through /dev/fuse,
-/// or through io_uring queues (Linux 6.14+; `io_uring=on` switches on the fuse
-/// module's enable_uring). None: this kernel has no FUSE over io_uring.
-fn transport(uring: bool) -> Option<&'static str> {
-    if !uring {
-        return Some("io_uring=off");
-    }
-    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
-        skip("this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)");
-        return None;
-    }
-    Some("io_uring=on")
-}
-
-/// Checks, through `uext4 tune`'s session line, that requests really came the
-/// way `uring` says: through the ring only (bar FORGETs), or never.
-fn assert_transport(mount: &Path, uring: bool) {
-    let listed = run(uext4().arg("tune").arg(mount));
-    let line = listed.lines().find(|l| l.starts_with("# requests so far")).unwrap_or_else(|| panic!("{listed}"));
-    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
-    let (ring, device) = (numbers[0], numbers[1]);
-    if uring {
-        assert!(ring > 100 && ring > device, "io_uring=on, yet: {line}");
-    } else {
-        assert!(ring == 0 && device > 100, "io_uring=off, yet: {line}");
-    }
-}
-
 /// A source tree with files of many sizes, subdirectories, symlinks, a hard
 /// link and a fifo.
 fn make_source(root: &Path) {
@@ -97,7 +59,7 @@ fn a_shell_workload_through_the_mount_over_io_uring() {
 }
 
 fn shell_workload(uring: bool) {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
@@ -119,7 +81,7 @@ fn shell_workload(uring: bool) {
     fs::create_dir(m.dir.join("work")).unwrap();
     shell(&m.dir.join("work"));
     assert_eq!(tree_listing(&m.dir.join("work")), tree_listing(&host), "the mount's own view");
-    assert_transport(&m.dir, uring);
+    assert_transport(&m.dir, uring, 100);
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");
@@ -141,7 +103,7 @@ fn random_io_on_one_file_over_io_uring() {
 }
 
 fn random_io(uring: bool) {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
@@ -243,7 +205,7 @@ fn random_io(uring: bool) {
     eprintln!("fsx: {OPS} operations (write, read, truncate, fallocate, punch, zero): {counts:?}");
     file.sync_all().unwrap();
     drop(file);
-    assert_transport(&m.dir, uring);
+    assert_transport(&m.dir, uring, 100);
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");
@@ -271,7 +233,7 @@ fn permissions_sticky_directories_and_excl_create_over_io_uring() {
 }
 
 fn permissions(uring: bool) {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
@@ -323,7 +285,7 @@ fn renames_over_directories_link_counts_and_unlinked_open_files_over_io_uring() 
 }
 
 fn renames_and_unlinked_files(uring: bool) {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
@@ -426,7 +388,7 @@ fn changed(before: &[Times], after: &[Times]) -> String {
 /// timestamps (of the object and of its directories).
 #[test]
 fn timestamps_change_where_the_kernels_ext4_changes_them() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -479,7 +441,7 @@ fn timestamps_change_where_the_kernels_ext4_changes_them() {
 
 #[test]
 fn tune_second_mounts_signals_and_bad_input() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -570,7 +532,7 @@ fn tune_second_mounts_signals_and_bad_input() {
 /// through `fusermount3 -u`.
 #[test]
 fn a_user_mounts_through_fusermount3() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     if Command::new("fusermount3").arg("-V").output().is_err() {
@@ -619,7 +581,7 @@ fn a_user_mounts_through_fusermount3() {
 /// aborted, callers get an error, the mount goes away and the image is clean.
 #[test]
 fn a_failing_io_uring_queue_ends_the_session_instead_of_hanging() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(true) else { return };
@@ -678,7 +640,7 @@ fn a_failing_io_uring_queue_ends_the_session_instead_of_hanging() {
 /// the fsync'd file survives.
 #[test]
 fn unlink_and_rename_over_then_directory_fsync_then_kill() {
-    if !oracles() || !is_root() {
+    if !fuse_oracles() || !is_root() {
         return;
     }
     // Rounds 2 and 3 on an image with an orphan file, where the orphans go.

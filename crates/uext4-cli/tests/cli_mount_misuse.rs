@@ -16,39 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn oracles() -> bool {
-    let have = |t: &str| {
-        Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success())
-    };
-    if !(have("mkfs.ext4") && have("e2fsck") && have("debugfs")) {
-        return !skip("e2fsprogs is not installed");
-    }
-    fuse_available()
-}
-
-/// Mount options for requests through /dev/fuse, or through io_uring (None:
-/// this kernel has no FUSE over io_uring).
-fn transport(uring: bool) -> Option<&'static str> {
-    if !uring {
-        return Some("io_uring=off");
-    }
-    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
-        skip("this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)");
-        return None;
-    }
-    Some("io_uring=on")
-}
-
-/// Checks, through `uext4 tune`'s session line, that requests came the way
-/// `uring` says: mostly through the ring, or never.
-fn assert_transport(mount: &Path, uring: bool) {
-    let listed = run(uext4().arg("tune").arg(mount));
-    let line = listed.lines().find(|l| l.starts_with("# requests so far")).unwrap_or_else(|| panic!("{listed}"));
-    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
-    let (ring, device) = (numbers[0], numbers[1]);
-    assert!(if uring { ring > device } else { ring == 0 && device > 0 }, "io_uring={uring}, yet: {line}");
-}
-
 fn mounted(dir: &Path) -> bool {
     let table = fs::read_to_string("/proc/self/mounts").unwrap();
     let dir = dir.to_string_lossy();
@@ -134,7 +101,7 @@ fn names_in_root(image: &Path) -> Vec<String> {
 /// before changing anything; reading ones warn; after the unmount all work.
 #[test]
 fn cli_writes_to_a_mounted_image_are_refused() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -197,7 +164,7 @@ fn cli_writes_to_a_mounted_image_are_refused() {
 /// killed during its write-back, or before the umount, makes it fail.
 #[test]
 fn umount_fails_when_the_daemon_dies_before_its_write_back() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -279,7 +246,7 @@ fn a_panicking_request_gets_eio_over_io_uring() {
 /// its caller must get EIO at once (not hang), later changes EROFS, reads and
 /// the unmount must still work, and the image must be clean.
 fn panicking_request(uring: bool) {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
@@ -309,7 +276,7 @@ fn panicking_request(uring: bool) {
     assert_eq!(fs::create_dir(dir.join("newdir")).unwrap_err().raw_os_error(), Some(libc::EROFS));
     assert_eq!(fs::read_to_string(dir.join("kept")).unwrap(), "written before");
     assert!(fs::read_dir(&dir).unwrap().count() >= 3);
-    assert_transport(&dir, uring);
+    assert_transport(&dir, uring, 0);
 
     // The unmount works, and says the session was not clean.
     let out = uext4().arg("umount").arg(&dir).output().unwrap();
@@ -337,7 +304,7 @@ fn uext4_sync_makes_everything_durable_over_io_uring() {
 /// 200 files, `uext4 sync`, SIGKILL of the daemon: the kernel replays the
 /// journal and finds all 200; e2fsck -fn is clean after the replay.
 fn sync_then_crash(uring: bool) {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
@@ -363,7 +330,7 @@ fn sync_then_crash(uring: bool) {
         for i in 0..200 {
             fs::write(dir.join(format!("{prefix}{i}")), format!("content {i}")).unwrap();
         }
-        assert_transport(&dir, uring);
+        assert_transport(&dir, uring, 0);
         sync();
         d.kill();
         let out = uext4().arg("umount").arg(&dir).output().unwrap();
@@ -416,7 +383,7 @@ fn set(root: &Path, name: &str, mode: u32, uid: u32, gid: u32) {
 /// the same.
 #[test]
 fn privilege_bits_change_as_the_kernels_ext4_changes_them() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
@@ -542,7 +509,7 @@ fn fill_as_nobody_then_root(dir: &Path) -> (bool, bool) {
 /// go on into them. The two run side by side on twin images.
 #[test]
 fn reserved_blocks_are_roots_through_the_mount_as_on_the_kernel() {
-    if !oracles() {
+    if !fuse_oracles() {
         return;
     }
     let work = tempfile::tempdir().unwrap();

@@ -183,3 +183,43 @@ pub fn tree_listing(root: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// e2fsprogs and a FUSE mount (root, /dev/fuse): what the mount tests need.
+pub fn fuse_oracles() -> bool {
+    let have = |t: &str| {
+        Command::new("sh").arg("-c").arg(format!("command -v {t}")).output().is_ok_and(|o| o.status.success())
+    };
+    if !(have("mkfs.ext4") && have("e2fsck") && have("debugfs")) {
+        return !skip("e2fsprogs is not installed");
+    }
+    fuse_available()
+}
+
+/// Mount options for one of the two ways requests travel: through /dev/fuse,
+/// or through io_uring queues (Linux 6.14+; `io_uring=on` switches on the fuse
+/// module's enable_uring). None: this kernel has no FUSE over io_uring.
+pub fn transport(uring: bool) -> Option<&'static str> {
+    if !uring {
+        return Some("io_uring=off");
+    }
+    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        skip("this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)");
+        return None;
+    }
+    Some("io_uring=on")
+}
+
+/// Checks, through `uext4 tune`'s session line, that more than `at_least`
+/// requests came the way `uring` says: through the ring (more of them than
+/// through /dev/fuse, which still carries FORGETs), or never through it.
+pub fn assert_transport(mount: &Path, uring: bool, at_least: u64) {
+    let listed = run(uext4().arg("tune").arg(mount));
+    let line = listed.lines().find(|l| l.starts_with("# requests so far")).unwrap_or_else(|| panic!("{listed}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    let (ring, device) = (numbers[0], numbers[1]);
+    if uring {
+        assert!(ring > at_least && ring > device, "io_uring=on, yet: {line}");
+    } else {
+        assert!(ring == 0 && device > at_least, "io_uring=off, yet: {line}");
+    }
+}
