@@ -164,15 +164,7 @@ impl Model {
 
     /// Files a cut before write `first_lost` must have kept exactly.
     fn promised(&self, first_lost: u64) -> Vec<(String, Vec<u8>)> {
-        self.synced
-            .iter()
-            .filter(|(path, s)| {
-                s.writes_at_return < first_lost
-                    && self.last_touch_path.get(*path).is_none_or(|&t| t < s.op)
-                    && self.last_touch_ino.get(&s.ino).is_none_or(|&t| t < s.op)
-            })
-            .map(|(p, s)| (p.clone(), s.content.clone()))
-            .collect()
+        promised_files(&self.synced, &self.last_touch_path, &self.last_touch_ino, first_lost)
     }
 }
 
@@ -350,6 +342,26 @@ fn one_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize, writes: &dyn
 struct Recorder {
     inner: Arc<dyn BlockDevice>,
     sizes: Mutex<Vec<usize>>,
+}
+
+/// The fsync'd files a cut before write `first_lost` must have kept exactly:
+/// those whose fsync returned before it, with no change to their path or inode
+/// since.
+fn promised_files(
+    synced: &BTreeMap<String, Synced>,
+    last_touch_path: &HashMap<String, usize>,
+    last_touch_ino: &HashMap<u32, usize>,
+    first_lost: u64,
+) -> Vec<(String, Vec<u8>)> {
+    synced
+        .iter()
+        .filter(|(path, s)| {
+            s.writes_at_return < first_lost
+                && last_touch_path.get(*path).is_none_or(|&t| t < s.op)
+                && last_touch_ino.get(&s.ino).is_none_or(|&t| t < s.op)
+        })
+        .map(|(p, s)| (p.clone(), s.content.clone()))
+        .collect()
 }
 
 impl BlockDevice for Recorder {
@@ -617,15 +629,7 @@ impl OpenModel {
     }
 
     fn promised(&self, first_lost: u64) -> Vec<(String, Vec<u8>)> {
-        self.synced
-            .iter()
-            .filter(|(path, s)| {
-                s.writes_at_return < first_lost
-                    && self.last_touch_path.get(*path).is_none_or(|&t| t < s.op)
-                    && self.last_touch_ino.get(&s.ino).is_none_or(|&t| t < s.op)
-            })
-            .map(|(p, s)| (p.clone(), s.content.clone()))
-            .collect()
+        promised_files(&self.synced, &self.last_touch_path, &self.last_touch_ino, first_lost)
     }
 }
 
