@@ -36,12 +36,12 @@ impl Filesystem {
         if !inode.has_flag(EXT4_INLINE_DATA_FL) || inode.is_symlink() {
             return Ok(());
         }
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let mut block = vec![0u8; bs];
         let size = if inode.is_dir() {
             let entries = self.read_dir(ino)?;
-            let tail = if self.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
-            let ft = if self.geo.has_filetype { EXT4_FT_DIR } else { 0 };
+            let tail = if self.vol.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
+            let ft = if self.vol.geo.has_filetype { EXT4_FT_DIR } else { 0 };
             let mut off = 0;
             for (i, e) in entries.iter().enumerate() {
                 let len = if i + 1 == entries.len() { bs - tail - off } else { dirent::rec_len_for(e.name.len()) };
@@ -49,7 +49,7 @@ impl Filesystem {
                 dirent::write_entry(&mut block, off, e.ino, len, file_type, &e.name, bs);
                 off += len;
             }
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 dirent::set_tail(&mut block, self.inode_seed(ino, &inode));
             }
             bs as u64
@@ -70,14 +70,14 @@ impl Filesystem {
         inode.i_flags = (inode.i_flags & !EXT4_INLINE_DATA_FL) | EXT4_EXTENTS_FL;
         inode.i_block = Self::empty_extent_root();
         if size > 0 {
-            self.ensure_space(8)?;
-            let (blk, _) = self.alloc_blocks(tx, self.inode_goal(ino), 1)?;
+            self.alloc.ensure_space(8)?;
+            let (blk, _) = self.alloc.alloc_blocks(tx, self.inode_goal(ino), 1)?;
             if inode.is_dir() {
-                let buf = self.cache.get_new(blk);
+                let buf = self.vol.cache.get_new(blk);
                 buf.write().copy_from_slice(&block);
                 tx.dirty(&buf);
             } else {
-                self.cache.device().write_at(blk * bs as u64, &block)?;
+                self.vol.cache.device().write_at(blk * bs as u64, &block)?;
             }
             self.extent_append(tx, ino, &mut inode, 0, blk, 1)?;
         }

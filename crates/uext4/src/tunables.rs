@@ -90,7 +90,7 @@ impl Filesystem {
     pub fn set_tunable(&self, key: &str, value: &str) -> Result<()> {
         match key {
             "extent_zeroout_len" | "extent_max_zeroout_kb" => {
-                let blocks = zeroout_blocks(key, value, self.geo.block_size as u32)?;
+                let blocks = zeroout_blocks(key, value, self.vol.geo.block_size as u32)?;
                 self.extent_zeroout_len.store(blocks, Ordering::Relaxed);
                 Ok(())
             }

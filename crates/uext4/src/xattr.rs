@@ -37,10 +37,10 @@ impl Filesystem {
     /// inside the filesystem and clear of its metadata, parsed, and its checksum
     /// verified once through the cache.
     pub(crate) fn xattr_block(&self, ino: u32, blk: u64) -> Result<std::sync::Arc<crate::cache::Buffer>> {
-        self.check_metadata_free_range(blk, 1, &|| format!("xattr block of inode {ino}"))?;
-        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
-        let seed = self.geo.csum_seed;
-        let buf = self.cache.get_verified(blk, |b| {
+        self.vol.check_metadata_free_range(blk, 1, &|| format!("xattr block of inode {ino}"))?;
+        let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
+        let seed = self.vol.geo.csum_seed;
+        let buf = self.vol.cache.get_verified(blk, |b| {
             if verify {
                 xattr::verify_block_checksum(b, blk, seed)?;
             }
@@ -211,7 +211,7 @@ impl Filesystem {
         if old_block != 0 {
             let buf = self.xattr_block(ino, old_block)?;
             // It may be freed or rewritten: it must be ours per the bitmap.
-            self.check_blocks_in_use(&[(old_block, 1)], &|| format!("xattr block of inode {ino}"))?;
+            self.alloc.check_blocks_in_use(&[(old_block, 1)], &|| format!("xattr block of inode {ino}"))?;
             let (h, entries) = xattr::parse_block(&buf.read(), old_block)?;
             old_refcount = h.h_refcount;
             for (e, v) in entries {
@@ -235,14 +235,14 @@ impl Filesystem {
                 block.push(a);
             }
         }
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let block_room = bs - xattr::XATTR_BLOCK_HEADER_LEN - 4;
         if block.iter().map(DiskAttr::space).sum::<usize>() > block_room {
             return Err(Error::NoSpace(format!("attributes of inode {ino} do not fit one {bs}-byte block")));
         }
         let needs_block = !block.is_empty();
         if needs_block && (old_block == 0 || old_refcount > 1) {
-            self.ensure_space(1)?;
+            self.alloc.ensure_space(1)?;
         }
         let mut tx = self.begin(4)?;
 
@@ -257,16 +257,16 @@ impl Filesystem {
                 if needs_block {
                     reuse = Some(old_block);
                 } else {
-                    self.free_blocks_range(&mut tx, old_block, 1)?;
+                    self.alloc.free_blocks_range(&mut tx, old_block, 1)?;
                     inode.i_blocks = inode.i_blocks.saturating_sub(sectors);
                 }
             } else {
-                let buf = self.cache.get(old_block)?;
+                let buf = self.vol.cache.get(old_block)?;
                 {
                     let mut data = buf.write();
                     crate::format::bytes::put_le32(&mut data, 4, old_refcount - 1);
-                    if self.geo.metadata_csum {
-                        xattr::set_block_checksum(&mut data, old_block, self.geo.csum_seed);
+                    if self.vol.geo.metadata_csum {
+                        xattr::set_block_checksum(&mut data, old_block, self.vol.geo.csum_seed);
                     }
                 }
                 tx.dirty(&buf);
@@ -278,14 +278,14 @@ impl Filesystem {
             let blk = match reuse {
                 Some(b) => b,
                 None => {
-                    let (b, _) = self.alloc_blocks(&mut tx, self.inode_goal(ino), 1)?;
+                    let (b, _) = self.alloc.alloc_blocks(&mut tx, self.inode_goal(ino), 1)?;
                     inode.i_blocks += sectors;
                     b
                 }
             };
             // The kernel looks entries up in a block by sorted order.
             block.sort_by(|a, b| (a.index, a.suffix.len(), &a.suffix).cmp(&(b.index, b.suffix.len(), &b.suffix)));
-            let buf = self.cache.get_new(blk);
+            let buf = self.vol.cache.get_new(blk);
             {
                 let mut data = buf.write();
                 let hashes = lay_out(&mut data, &block, xattr::XATTR_BLOCK_HEADER_LEN, 0, bs);
@@ -297,8 +297,8 @@ impl Filesystem {
                     h_checksum: 0,
                 }
                 .write(&mut data);
-                if self.geo.metadata_csum {
-                    xattr::set_block_checksum(&mut data, blk, self.geo.csum_seed);
+                if self.vol.geo.metadata_csum {
+                    xattr::set_block_checksum(&mut data, blk, self.vol.geo.csum_seed);
                 }
             }
             tx.dirty(&buf);
@@ -327,19 +327,19 @@ impl Filesystem {
         let refcount = xattr::parse_block(&buf.read(), blk)?.0.h_refcount;
         if refcount <= 1 {
             drop(buf);
-            self.free_blocks_range(tx, blk, 1)?;
+            self.alloc.free_blocks_range(tx, blk, 1)?;
         } else {
             {
                 let mut data = buf.write();
                 crate::format::bytes::put_le32(&mut data, 4, refcount - 1);
-                if self.geo.metadata_csum {
-                    xattr::set_block_checksum(&mut data, blk, self.geo.csum_seed);
+                if self.vol.geo.metadata_csum {
+                    xattr::set_block_checksum(&mut data, blk, self.vol.geo.csum_seed);
                 }
             }
             tx.dirty(&buf);
         }
         inode.i_file_acl = 0;
-        inode.i_blocks = inode.i_blocks.saturating_sub(self.geo.block_size as u64 / 512);
+        inode.i_blocks = inode.i_blocks.saturating_sub(self.vol.geo.block_size as u64 / 512);
         Ok(())
     }
 }

@@ -6,34 +6,34 @@
 //! spread Orlov-style to groups with more free inodes and blocks than average and
 //! few directories; other directories and files stay near their parent.
 
+use crate::alloc::Allocator;
 use crate::cache::Buffer;
 use crate::error::{Error, Result};
 use crate::format::bitmap;
 use crate::format::group_desc::{GroupDesc, EXT4_BG_INODE_UNINIT};
-use crate::format::inode::Inode;
-use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
+use crate::volume::Volume;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Chooses the order in which groups are tried for a new inode.
 pub trait InodePolicy: Send + Sync {
-    fn group_order(&self, fs: &Filesystem, parent: u32, is_dir: bool) -> Vec<u32>;
+    fn group_order(&self, vol: &Volume, parent: u32, is_dir: bool) -> Vec<u32>;
 }
 
 pub struct MainlinePolicy;
 
 impl InodePolicy for MainlinePolicy {
-    fn group_order(&self, fs: &Filesystem, parent: u32, is_dir: bool) -> Vec<u32> {
-        let groups = fs.geo.group_count;
-        let parent_group = (parent - 1) / fs.geo.inodes_per_group;
+    fn group_order(&self, vol: &Volume, parent: u32, is_dir: bool) -> Vec<u32> {
+        let groups = vol.geo.group_count;
+        let parent_group = (parent - 1) / vol.geo.inodes_per_group;
         let rotated = |first: u32| (0..groups).map(move |i| (first + i) % groups);
         if !is_dir || parent != crate::ns::ROOT_INO {
             return rotated(parent_group).collect();
         }
         // Orlov for top-level directories: among groups with at least average free
         // inodes and blocks, the one with the fewest directories first.
-        let descs: Vec<GroupDesc> = fs.groups.iter().map(|g| g.read().clone()).collect();
+        let descs: Vec<GroupDesc> = vol.groups.iter().map(|g| g.read().clone()).collect();
         let avg_inodes = descs.iter().map(|d| d.bg_free_inodes_count as u64).sum::<u64>() / groups as u64;
         let avg_blocks = descs.iter().map(|d| d.bg_free_blocks_count as u64).sum::<u64>() / groups as u64;
         let best = (0..groups)
@@ -47,16 +47,16 @@ impl InodePolicy for MainlinePolicy {
     }
 }
 
-impl Filesystem {
+impl Allocator {
     /// Group `g`'s inode bitmap; an INODE_UNINIT group's starts empty (with the bits
     /// past inodes_per_group set) and loses the flag. The caller holds the group lock.
     fn inode_bitmap(&self, tx: &mut Handle, g: u32, gd: &mut GroupDesc) -> Result<Arc<Buffer>> {
         let blk = gd.bg_inode_bitmap;
         if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 {
-            let buf = self.cache.get_new(blk);
+            let buf = self.vol.cache.get_new(blk);
             {
                 let mut b = buf.write();
-                for bit in self.geo.inodes_per_group as usize..self.geo.block_size * 8 {
+                for bit in self.vol.geo.inodes_per_group as usize..self.vol.geo.block_size * 8 {
                     bitmap::set_bit(&mut b, bit);
                 }
             }
@@ -64,10 +64,10 @@ impl Filesystem {
             tx.dirty(&buf);
             return Ok(buf);
         }
-        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
-        let (seed, ds, bits) = (self.geo.csum_seed, self.geo.desc_size, self.geo.inodes_per_group);
+        let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
+        let (seed, ds, bits) = (self.vol.geo.csum_seed, self.vol.geo.desc_size, self.vol.geo.inodes_per_group);
         let stored = gd.bg_inode_bitmap_csum;
-        self.cache.get_verified(blk, |b| {
+        self.vol.cache.get_verified(blk, |b| {
             if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
                 return Err(Error::corrupt(
                     "inode bitmap checksum does not match",
@@ -80,21 +80,21 @@ impl Filesystem {
 
     /// Allocates an inode number for a new inode under `parent`.
     pub fn alloc_inode(&self, tx: &mut Handle, parent: u32, is_dir: bool) -> Result<u32> {
-        if self.alloc.free_inodes.load(Ordering::Relaxed) == 0 {
+        if self.free_inodes.load(Ordering::Relaxed) == 0 {
             return Err(Error::NoSpace("no free inodes".into()));
         }
-        let first_ino = self.sb.read().first_ino();
-        for g in self.alloc.policy.group_order(self, parent, is_dir) {
-            let mut gd_lock = self.groups[g as usize].write();
+        let first_ino = self.vol.sb.read().first_ino();
+        for g in self.policy.group_order(&self.vol, parent, is_dir) {
+            let mut gd_lock = self.vol.groups[g as usize].write();
             if gd_lock.bg_free_inodes_count == 0 {
                 continue;
             }
             let mut gd = gd_lock.clone();
             let buf = self.inode_bitmap(tx, g, &mut gd)?;
-            let ipg = self.geo.inodes_per_group as usize;
+            let ipg = self.vol.geo.inodes_per_group as usize;
             let index = {
                 let mut b = buf.write();
-                let hint = (self.alloc.inode_hint[g as usize].load(Ordering::Relaxed) as usize).min(ipg);
+                let hint = (self.inode_hint[g as usize].load(Ordering::Relaxed) as usize).min(ipg);
                 // Reserved inodes (below s_first_ino) are never handed out.
                 let usable = |i: usize| g as usize * ipg + i + 1 >= first_ino as usize;
                 let free = |i: &usize| !bitmap::test_bit(&b, *i) && usable(*i);
@@ -102,8 +102,9 @@ impl Filesystem {
                     continue;
                 };
                 bitmap::set_bit(&mut b, i);
-                if self.geo.metadata_csum {
-                    gd.bg_inode_bitmap_csum = bitmap::checksum(&b, self.geo.inodes_per_group, self.geo.csum_seed);
+                if self.vol.geo.metadata_csum {
+                    gd.bg_inode_bitmap_csum =
+                        bitmap::checksum(&b, self.vol.geo.inodes_per_group, self.vol.geo.csum_seed);
                 }
                 i
             };
@@ -118,19 +119,19 @@ impl Filesystem {
             if index as u32 >= first_unused {
                 gd.bg_itable_unused = ipg as u32 - index as u32 - 1;
             }
-            self.write_group_desc(tx, g, &gd)?;
+            self.vol.write_group_desc(tx, g, &gd)?;
             *gd_lock = gd;
-            self.alloc.inode_hint[g as usize].store(index as u32 + 1, Ordering::Relaxed);
-            self.alloc.free_inodes.fetch_sub(1, Ordering::Relaxed);
-            return Ok(g * self.geo.inodes_per_group + index as u32 + 1);
+            self.inode_hint[g as usize].store(index as u32 + 1, Ordering::Relaxed);
+            self.free_inodes.fetch_sub(1, Ordering::Relaxed);
+            return Ok(g * self.vol.geo.inodes_per_group + index as u32 + 1);
         }
         Err(Error::NoSpace("no group has a free inode".into()))
     }
 
     pub fn free_inode(&self, tx: &mut Handle, ino: u32, was_dir: bool) -> Result<()> {
-        let g = (ino - 1) / self.geo.inodes_per_group;
-        let index = ((ino - 1) % self.geo.inodes_per_group) as usize;
-        let mut gd_lock = self.groups[g as usize].write();
+        let g = (ino - 1) / self.vol.geo.inodes_per_group;
+        let index = ((ino - 1) % self.vol.geo.inodes_per_group) as usize;
+        let mut gd_lock = self.vol.groups[g as usize].write();
         let mut gd = gd_lock.clone();
         let buf = self.inode_bitmap(tx, g, &mut gd)?;
         {
@@ -142,8 +143,8 @@ impl Filesystem {
                 ));
             }
             bitmap::clear_bit(&mut b, index);
-            if self.geo.metadata_csum {
-                gd.bg_inode_bitmap_csum = bitmap::checksum(&b, self.geo.inodes_per_group, self.geo.csum_seed);
+            if self.vol.geo.metadata_csum {
+                gd.bg_inode_bitmap_csum = bitmap::checksum(&b, self.vol.geo.inodes_per_group, self.vol.geo.csum_seed);
             }
         }
         tx.dirty(&buf);
@@ -151,46 +152,11 @@ impl Filesystem {
         if was_dir {
             gd.bg_used_dirs_count = gd.bg_used_dirs_count.saturating_sub(1);
         }
-        self.write_group_desc(tx, g, &gd)?;
+        self.vol.write_group_desc(tx, g, &gd)?;
         *gd_lock = gd;
-        let hint = &self.alloc.inode_hint[g as usize];
+        let hint = &self.inode_hint[g as usize];
         hint.fetch_min(index as u32, Ordering::Relaxed);
-        self.alloc.free_inodes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Writes `inode` to its slot in the inode table and makes it the cached copy.
-    /// An inode without links may be on the orphan chain, whose link lives in its
-    /// i_dtime: that is stamped from the chain, under the orphans lock, so a
-    /// caller's older copy cannot undo a chain change (see ns/orphan.rs).
-    pub fn write_inode(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
-        if inode.i_links_count == 0 {
-            let orphans = self.orphans.lock();
-            if let Some(next) = orphans.chain_next(ino) {
-                let mut on_chain = inode.clone();
-                on_chain.i_dtime = next;
-                return self.write_inode_slot(tx, ino, &on_chain);
-            }
-        }
-        self.write_inode_slot(tx, ino, inode)
-    }
-
-    /// `write_inode` without the orphan chain's stamp (for callers holding the
-    /// orphans lock).
-    pub(crate) fn write_inode_slot(&self, tx: &mut Handle, ino: u32, inode: &Inode) -> Result<()> {
-        tx.note_inode(ino);
-        let group = (ino - 1) / self.geo.inodes_per_group;
-        let index = (ino - 1) % self.geo.inodes_per_group;
-        let table = self.groups[group as usize].read().bg_inode_table;
-        let byte = index as u64 * self.geo.inode_size as u64;
-        let block = table + byte / self.geo.block_size as u64;
-        let off = (byte % self.geo.block_size as u64) as usize;
-        let seed = if self.geo.metadata_csum { Some(self.geo.csum_seed) } else { None };
-        let raw = inode.to_bytes(ino, seed);
-        let buf = self.cache.get(block)?;
-        buf.write()[off..off + raw.len()].copy_from_slice(&raw);
-        tx.dirty(&buf);
-        self.cache_inode(ino, Inode::parse(&raw)?);
+        self.free_inodes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -1,31 +1,50 @@
-//! Allocation of blocks and inodes.
+//! Allocation of blocks and inodes: `Allocator`, built on a `Volume` alone.
 //!
-//! A group's descriptor lock (`Filesystem::groups[g]`, taken for writing) is the
+//! A group's descriptor lock (`Volume::groups[g]`, taken for writing) is the
 //! allocator's group lock: bitmap, descriptor and checksums of a group change only
 //! under it, and several groups are locked in ascending order. Filesystem-wide free
 //! counts are kept in atomics and written to the superblock at sync. Groups still
 //! marked BLOCK_UNINIT or INODE_UNINIT get their bitmaps built on first use, as the
 //! kernel does.
 //!
+//! Blocks freed under a journal are not handed out again until the transaction
+//! that freed them commits: a crash before then brings back their old owner, whose
+//! blocks must still hold its bytes. The allocator keeps them, keyed by
+//! transaction id, and the journal's commit callback (`Allocator::committed`, jbd2's
+//! j_commit_callback) returns them to the free runs.
+//!
 //! The reserved blocks (s_r_blocks_count) go only to a privileged caller, as the
 //! kernel's ext4_has_free_clusters decides: uid 0, s_def_resuid, or a member of a
-//! non-root s_def_resgid. Who is calling is per thread (`Filesystem::acting_as`);
-//! a thread that never said counts as unprivileged.
+//! non-root s_def_resgid. Who is calling is per thread (`acting_as`); a thread
+//! that never said counts as unprivileged.
 
 pub mod block;
 pub mod inode;
 
-use crate::fs::Filesystem;
-use crate::ns::change::Owner;
+use crate::error::{Error, Result};
+use crate::journal::log::HANDLES_HELD;
+use crate::volume::Volume;
+use parking_lot::Mutex;
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub use inode::{InodePolicy, MainlinePolicy};
+
+/// A user and a group: the owner of a new inode, and who a call acts as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 thread_local! {
     /// The credentials the library's calls on this thread act with.
     static CALLER: Cell<Option<Owner>> = const { Cell::new(None) };
 }
 
-/// While alive, the calling thread acts as one user (see `Filesystem::acting_as`).
+/// While alive, the calling thread acts as one user (see `acting_as`).
 pub struct ActingAs {
     before: Option<Owner>,
 }
@@ -36,7 +55,16 @@ impl Drop for ActingAs {
     }
 }
 
-pub use inode::{InodePolicy, MainlinePolicy};
+/// Makes the calling thread act as `who` until the guard drops: a privileged
+/// caller may take the reserved blocks.
+pub fn acting_as(who: Owner) -> ActingAs {
+    ActingAs { before: CALLER.with(|c| c.replace(Some(who))) }
+}
+
+/// Acts as `who` only when the calling thread has not said who it is.
+pub(crate) fn acting_as_unless_set(who: Owner) -> Option<ActingAs> {
+    CALLER.with(|c| c.get()).is_none().then(|| acting_as(who))
+}
 
 /// A group's free blocks as runs: start bit -> length. Finding a run near a goal is
 /// a range query instead of a walk over the bitmap.
@@ -110,59 +138,70 @@ impl FreeRuns {
     }
 }
 
-pub struct AllocState {
-    pub(crate) free_blocks: AtomicU64,
-    pub(crate) free_inodes: AtomicU64,
+/// The block and inode allocator of one volume.
+pub struct Allocator {
+    vol: Arc<Volume>,
+    free_blocks: AtomicU64,
+    free_inodes: AtomicU64,
     /// Per group: where the last inode search ended, so allocation never rescans from 0.
-    pub(crate) inode_hint: Vec<AtomicU32>,
+    inode_hint: Vec<AtomicU32>,
     /// Per group: where the last block search ended.
-    pub(crate) block_hint: Vec<AtomicU32>,
+    block_hint: Vec<AtomicU32>,
     /// Per group: its free runs (start bit -> length), built from the bitmap on first
-    /// use and kept current; touched only under the group's lock.
-    pub(crate) free_runs: Vec<parking_lot::Mutex<Option<FreeRuns>>>,
-    pub(crate) policy: Box<dyn InodePolicy>,
+    /// use and kept current; touched only under the group's lock. Blocks waiting in
+    /// `deferred` are free in the bitmap but not in the runs.
+    free_runs: Vec<Mutex<Option<FreeRuns>>>,
+    policy: Box<dyn InodePolicy>,
+    /// Blocks freed by transactions not yet committed, (start, length) by
+    /// transaction id.
+    deferred: Mutex<BTreeMap<u64, Vec<(u64, u64)>>>,
+    /// How many blocks `deferred` holds: subtracted from what may be handed out.
+    pending_free_blocks: AtomicU64,
 }
 
-impl AllocState {
-    pub(crate) fn new(groups: &[crate::format::group_desc::GroupDesc]) -> AllocState {
-        AllocState {
+impl Allocator {
+    /// An allocator over `vol`, its free counts taken from the group descriptors.
+    pub fn new(vol: Arc<Volume>, policy: Box<dyn InodePolicy>) -> Allocator {
+        let groups: Vec<_> = vol.groups.iter().map(|g| g.read().clone()).collect();
+        Allocator {
             free_blocks: AtomicU64::new(groups.iter().map(|g| g.bg_free_blocks_count as u64).sum()),
             free_inodes: AtomicU64::new(groups.iter().map(|g| g.bg_free_inodes_count as u64).sum()),
             inode_hint: groups.iter().map(|_| AtomicU32::new(0)).collect(),
             block_hint: groups.iter().map(|_| AtomicU32::new(0)).collect(),
-            free_runs: groups.iter().map(|_| parking_lot::Mutex::new(None)).collect(),
-            policy: Box::new(MainlinePolicy),
+            free_runs: groups.iter().map(|_| Mutex::new(None)).collect(),
+            policy,
+            deferred: Mutex::new(BTreeMap::new()),
+            pending_free_blocks: AtomicU64::new(0),
+            vol,
         }
     }
-}
 
-impl Filesystem {
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.vol
+    }
+
     pub fn free_blocks(&self) -> u64 {
-        self.alloc.free_blocks.load(Ordering::Relaxed)
+        self.free_blocks.load(Ordering::Relaxed)
     }
 
-    /// Free blocks that may be handed out now: blocks freed in the running
-    /// transaction are free on disk but not reusable until it commits.
+    pub fn free_inodes(&self) -> u64 {
+        self.free_inodes.load(Ordering::Relaxed)
+    }
+
+    /// Blocks freed by transactions that have not committed yet.
+    pub fn pending_free_blocks(&self) -> u64 {
+        self.pending_free_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Free blocks that may be handed out now: blocks freed by transactions not
+    /// yet committed are free on disk but not reusable until they commit.
     pub(crate) fn allocatable_blocks(&self) -> u64 {
-        let pending = self.journal.as_ref().map_or(0, |j| j.pending_free_blocks.load(Ordering::Relaxed));
-        self.free_blocks().saturating_sub(pending)
-    }
-
-    /// Makes the calling thread act as `who` until the guard drops: a privileged
-    /// caller may take the reserved blocks. Operations that create an inode act as
-    /// its owner for their own duration.
-    pub fn acting_as(&self, who: Owner) -> ActingAs {
-        ActingAs { before: CALLER.with(|c| c.replace(Some(who))) }
-    }
-
-    /// Acts as `who` only when the calling thread has not said who it is.
-    pub(crate) fn acting_as_unless_set(&self, who: Owner) -> Option<ActingAs> {
-        CALLER.with(|c| c.get()).is_none().then(|| self.acting_as(who))
+        self.free_blocks().saturating_sub(self.pending_free_blocks())
     }
 
     /// Whether `who` may take the reserved blocks.
     pub fn may_use_reserved(&self, who: Owner) -> bool {
-        let sb = self.sb.read();
+        let sb = self.vol.sb.read();
         who.uid == 0 || who.uid == sb.s_def_resuid as u32 || (sb.s_def_resgid != 0 && who.gid == sb.s_def_resgid as u32)
     }
 
@@ -170,26 +209,84 @@ impl Filesystem {
     pub(crate) fn reserved_blocks(&self) -> u64 {
         match CALLER.with(|c| c.get()) {
             Some(who) if self.may_use_reserved(who) => 0,
-            _ => self.sb.read().s_r_blocks_count,
+            _ => self.vol.sb.read().s_r_blocks_count,
         }
     }
 
-    pub fn free_inodes(&self) -> u64 {
-        self.alloc.free_inodes.load(Ordering::Relaxed)
+    /// Transaction `tid` and every one before it committed: the blocks they freed
+    /// join the free runs (the journal's commit callback).
+    pub(crate) fn committed(&self, tid: u64) {
+        let released: Vec<(u64, u64)> = {
+            let mut deferred = self.deferred.lock();
+            let later = deferred.split_off(&(tid + 1));
+            std::mem::replace(&mut *deferred, later).into_values().flatten().collect()
+        };
+        for (start, len) in released {
+            let mut block = start;
+            while block < start + len {
+                let g = self.vol.group_of_block(block);
+                let gstart = self.vol.group_first_block(g);
+                let end = (start + len).min(gstart + self.vol.blocks_in_group(g) as u64);
+                if let Some(runs) = self.free_runs.get(g as usize) {
+                    if let Some(runs) = runs.lock().as_mut() {
+                        runs.put((block - gstart) as u32, (end - block) as u32);
+                    }
+                }
+                block = end;
+            }
+            self.pending_free_blocks.fetch_sub(len, Ordering::Relaxed);
+        }
     }
 
-    pub(crate) fn group_of_block(&self, block: u64) -> u32 {
-        ((block - self.geo.first_data_block as u64) / self.geo.blocks_per_group as u64) as u32
+    /// Whether space is short enough that the blocks waiting for a commit to be
+    /// reusable are needed: an operation may want a few hundred blocks of
+    /// headroom, and would otherwise fail with ENOSPC while they wait.
+    pub(crate) fn frees_wanted(&self) -> bool {
+        const LOW_SPACE_BLOCKS: u64 = 1024;
+        if self.pending_free_blocks() == 0 {
+            return false;
+        }
+        let reserved = self.vol.sb.read().s_r_blocks_count;
+        self.allocatable_blocks() < reserved + LOW_SPACE_BLOCKS
     }
 
-    pub(crate) fn group_first_block(&self, group: u32) -> u64 {
-        self.geo.first_data_block as u64 + group as u64 * self.geo.blocks_per_group as u64
-    }
-
-    pub(crate) fn blocks_in_group(&self, group: u32) -> u32 {
-        (self.geo.blocks_count - self.group_first_block(group)).min(self.geo.blocks_per_group as u64) as u32
+    /// Refuses (before anything changes) an operation that could need more than
+    /// `blocks` free blocks beyond those the caller may not take (the reserved
+    /// ones, unless privileged): a change must not run out of space halfway (a
+    /// handle cannot be undone once it has dirtied buffers).
+    ///
+    /// # Errors
+    /// `NoSpace` when not enough blocks are free, after letting the frees of
+    /// uncommitted transactions commit once when the caller holds no handle.
+    pub(crate) fn ensure_space(&self, blocks: u64) -> Result<()> {
+        let reserved = self.reserved_blocks();
+        let mut free = self.allocatable_blocks();
+        if free < reserved + blocks {
+            if let Some(journal) = self.vol.journal() {
+                // Blocks freed by transactions not yet committed come back when
+                // they commit: wait for that once and look again, as the kernel's
+                // ext4_should_retry_alloc does (the journal thread takes no lock
+                // the caller may hold; inside a handle we cannot wait).
+                let pending = self.pending_free_blocks() > 0;
+                if pending && HANDLES_HELD.with(|h| h.get()) == 0 {
+                    journal.commit_all()?;
+                    free = self.allocatable_blocks();
+                } else if pending {
+                    journal.request_commit();
+                }
+            }
+        }
+        if free < reserved + blocks {
+            return Err(Error::NoSpace(format!(
+                "{free} free blocks (not counting those freed since the last commit), {reserved} reserved, up to {blocks} needed"
+            )));
+        }
+        Ok(())
     }
 }
+
+#[cfg(test)]
+mod allocator_tests;
 
 #[cfg(test)]
 mod tests {

@@ -17,7 +17,7 @@ use crate::journal::handle::Handle;
 
 impl Filesystem {
     fn tail_len(&self) -> usize {
-        if self.geo.metadata_csum {
+        if self.vol.geo.metadata_csum {
             DIRENT_TAIL_LEN
         } else {
             0
@@ -48,7 +48,7 @@ impl Filesystem {
             }
         }
         // As the kernel does: a one-block directory that fills up becomes indexed.
-        if nblocks == 1 && self.geo.has_dir_index {
+        if nblocks == 1 && self.vol.geo.has_dir_index {
             self.make_indexed(tx, dir, &mut dir_inode)?;
             return self.dx_add_entry(tx, dir, dir_inode, name, ino, file_type);
         }
@@ -85,10 +85,12 @@ impl Filesystem {
     /// The first entry of a directory block with `need` bytes to spare after its
     /// own name: (offset, rec_len, bytes it uses).
     fn slot_for(&self, data: &[u8], dir: u32, lblk: u64, need: usize) -> Result<Option<(usize, usize, usize)>> {
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let tail = self.tail_len();
         let location = format!("directory inode {dir} block {lblk}");
-        for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location) {
+        for e in
+            DirEntryIter::new(&data[..bs - tail], bs, self.vol.geo.has_filetype, self.vol.geo.inodes_count, &location)
+        {
             let e = e?;
             let used = if e.inode == 0 { 0 } else { dirent::rec_len_for(e.name.len()) };
             if e.rec_len - used >= need {
@@ -110,7 +112,7 @@ impl Filesystem {
         ino: u32,
         file_type: u8,
     ) -> Result<bool> {
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let need = dirent::rec_len_for(name.len());
         let buf = self.dir_block(dir, dir_inode, lblk)?;
         let mut data = buf.write();
@@ -120,7 +122,7 @@ impl Filesystem {
             data[off + 4..off + 6].copy_from_slice(&dirent::rec_len_to_disk(used, bs).to_le_bytes());
         }
         dirent::write_entry(&mut data, off + used, ino, rec_len - used, file_type, name, bs);
-        if self.geo.metadata_csum {
+        if self.vol.geo.metadata_csum {
             dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
         }
         drop(data);
@@ -135,21 +137,21 @@ impl Filesystem {
         dir: u32,
         dir_inode: &mut Inode,
     ) -> Result<(u64, std::sync::Arc<crate::cache::Buffer>)> {
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let nblocks = self.dir_blocks(dir, dir_inode)?;
-        let (pblk, _) = self.alloc_blocks(tx, self.dir_goal(dir, dir_inode, nblocks)?, 1)?;
-        let buf = self.cache.get_new(pblk);
+        let (pblk, _) = self.alloc.alloc_blocks(tx, self.dir_goal(dir, dir_inode, nblocks)?, 1)?;
+        let buf = self.vol.cache.get_new(pblk);
         {
             let mut data = buf.write();
             dirent::write_entry(&mut data, 0, 0, bs - self.tail_len(), 0, b"", bs);
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
             }
         }
         tx.dirty(&buf);
         if let Err(e) = self.extent_append(tx, dir, dir_inode, nblocks, pblk, 1) {
             // The tree is as it was (see extent::write): the block goes back.
-            self.free_blocks_range(tx, pblk, 1)?;
+            self.alloc.free_blocks_range(tx, pblk, 1)?;
             return Err(e);
         }
         dir_inode.i_size += bs as u64;
@@ -168,7 +170,7 @@ impl Filesystem {
 
     /// The first block of an inode's group: the goal for a file's first data.
     pub(crate) fn inode_goal(&self, ino: u32) -> u64 {
-        self.group_first_block((ino - 1) / self.geo.inodes_per_group)
+        self.vol.group_first_block((ino - 1) / self.vol.geo.inodes_per_group)
     }
 
     /// Removes `name` from `dir`; returns the inode it named.
@@ -185,7 +187,7 @@ impl Filesystem {
         } else {
             (0..self.dir_blocks(dir, dir_inode)?).collect()
         };
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let seed = self.inode_seed(dir, dir_inode);
         let tail = self.tail_len();
         for lblk in blocks {
@@ -194,8 +196,13 @@ impl Filesystem {
             let location = format!("directory inode {dir} block {lblk}");
             let mut prev: Option<(usize, usize)> = None;
             let mut found = None;
-            for e in DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location)
-            {
+            for e in DirEntryIter::new(
+                &data[..bs - tail],
+                bs,
+                self.vol.geo.has_filetype,
+                self.vol.geo.inodes_count,
+                &location,
+            ) {
                 let e = e?;
                 if e.inode != 0 && e.name == name {
                     found = Some((e.offset, e.rec_len, e.inode, prev));
@@ -212,7 +219,7 @@ impl Filesystem {
                 None => data[off..off + 4].copy_from_slice(&0u32.to_le_bytes()),
             }
             debug_assert_eq!(le32(&data, off), if prev.is_none() { 0 } else { ino });
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 dirent::set_tail(&mut data, seed);
             }
             drop(data);
@@ -242,26 +249,31 @@ impl Filesystem {
         } else {
             (0..self.dir_blocks(dir, dir_inode)?).collect()
         };
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let tail = self.tail_len();
         for lblk in blocks {
             let buf = self.dir_block(dir, dir_inode, lblk)?;
             let mut data = buf.write();
             let location = format!("directory inode {dir} block {lblk}");
-            let found =
-                DirEntryIter::new(&data[..bs - tail], bs, self.geo.has_filetype, self.geo.inodes_count, &location)
-                    .find_map(|e| match e {
-                        Ok(e) if e.inode != 0 && e.name == name => Some(Ok(e.offset)),
-                        Ok(_) => None,
-                        Err(err) => Some(Err(err)),
-                    })
-                    .transpose()?;
+            let found = DirEntryIter::new(
+                &data[..bs - tail],
+                bs,
+                self.vol.geo.has_filetype,
+                self.vol.geo.inodes_count,
+                &location,
+            )
+            .find_map(|e| match e {
+                Ok(e) if e.inode != 0 && e.name == name => Some(Ok(e.offset)),
+                Ok(_) => None,
+                Err(err) => Some(Err(err)),
+            })
+            .transpose()?;
             let Some(off) = found else { continue };
             data[off..off + 4].copy_from_slice(&ino.to_le_bytes());
-            if self.geo.has_filetype {
+            if self.vol.geo.has_filetype {
                 data[off + 7] = file_type;
             }
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
             }
             drop(data);
@@ -284,7 +296,7 @@ impl Filesystem {
                 return Err(Error::corrupt("second entry of block 0 is not '..'", format!("directory inode {dir}")));
             }
             data[12..16].copy_from_slice(&parent.to_le_bytes());
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 let seed = self.inode_seed(dir, dir_inode);
                 if self.is_indexed(dir_inode) {
                     crate::format::htree::set_checksum(&mut data, super::DX_ROOT_COUNTLIMIT_OFFSET, seed)?;

@@ -40,13 +40,13 @@ struct Named {
 
 impl Filesystem {
     fn dx_hash_of(&self, root_version: u8, name: &[u8]) -> Result<u32> {
-        Ok(hash::dx_hash(name, self.effective_hash_version(root_version), &self.geo.hash_seed)?.major)
+        Ok(hash::dx_hash(name, self.effective_hash_version(root_version), &self.vol.geo.hash_seed)?.major)
     }
 
     /// The root's hash version and the frames leading to the leaf for `hash`.
     fn dx_frames(&self, dir: u32, inode: &Inode, hash: u32) -> Result<(u8, u8, Vec<Frame>)> {
-        let bs = self.geo.block_size;
-        let csum = self.geo.metadata_csum;
+        let bs = self.vol.geo.block_size;
+        let csum = self.vol.geo.metadata_csum;
         let loc = |lblk: u64| format!("htree of directory inode {dir} block {lblk}");
         let root = self.dir_block(dir, inode, 0)?;
         let data = root.read();
@@ -90,7 +90,7 @@ impl Filesystem {
 
     /// Writes a frame's entries back to its block (creating the node header for a new block).
     fn write_frame(&self, tx: &mut Handle, dir: u32, inode: &Inode, f: &Frame, buf: &Arc<Buffer>) -> Result<()> {
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         {
             let mut data = buf.write();
             if f.lblk != 0 {
@@ -101,7 +101,7 @@ impl Filesystem {
                 &mut data,
                 &DxNode { countlimit_offset: f.offset, limit: f.limit, entries: f.entries.clone() },
             );
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 htree::set_checksum(&mut data, f.offset, self.inode_seed(dir, inode))?;
             }
         }
@@ -144,11 +144,11 @@ impl Filesystem {
     }
 
     fn entries_of(&self, dir: u32, data: &[u8], lblk: u64) -> Result<Vec<Named>> {
-        let bs = self.geo.block_size;
-        let end = if self.geo.metadata_csum { bs - DIRENT_TAIL_LEN } else { bs };
+        let bs = self.vol.geo.block_size;
+        let end = if self.vol.geo.metadata_csum { bs - DIRENT_TAIL_LEN } else { bs };
         let location = format!("directory inode {dir} block {lblk}");
         let mut out = Vec::new();
-        for e in DirEntryIter::new(&data[..end], bs, self.geo.has_filetype, self.geo.inodes_count, &location) {
+        for e in DirEntryIter::new(&data[..end], bs, self.vol.geo.has_filetype, self.vol.geo.inodes_count, &location) {
             let e = e?;
             if e.inode != 0 {
                 out.push(Named { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
@@ -159,8 +159,8 @@ impl Filesystem {
 
     /// Rewrites a leaf block holding exactly `entries`, packed, with its tail.
     fn write_leaf(&self, data: &mut [u8], entries: &[&Named], seed: u32) {
-        let bs = self.geo.block_size;
-        let end = if self.geo.metadata_csum { bs - DIRENT_TAIL_LEN } else { bs };
+        let bs = self.vol.geo.block_size;
+        let end = if self.vol.geo.metadata_csum { bs - DIRENT_TAIL_LEN } else { bs };
         data.fill(0);
         let mut off = 0;
         for (i, e) in entries.iter().enumerate() {
@@ -171,7 +171,7 @@ impl Filesystem {
         if entries.is_empty() {
             dirent::write_entry(data, 0, 0, end, 0, b"", bs);
         }
-        if self.geo.metadata_csum {
+        if self.vol.geo.metadata_csum {
             dirent::set_tail(data, seed);
         }
     }
@@ -250,8 +250,9 @@ impl Filesystem {
         if frames[level].entries.len() < frames[level].limit as usize {
             return Ok(());
         }
-        let max_levels = if self.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
-        let node_limit = htree::dx_limit(self.geo.block_size, DX_NODE_COUNTLIMIT_OFFSET, self.geo.metadata_csum);
+        let max_levels = if self.vol.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
+        let node_limit =
+            htree::dx_limit(self.vol.geo.block_size, DX_NODE_COUNTLIMIT_OFFSET, self.vol.geo.metadata_csum);
         if level == 0 {
             if *levels + 1 >= max_levels {
                 return Err(Error::NoSpace(format!("directory inode {dir}: the hash index is full")));
@@ -314,7 +315,7 @@ impl Filesystem {
     /// Turns a one-block linear directory into an indexed one: its entries move to a
     /// new block 1 and block 0 becomes the dx_root pointing at it.
     pub(crate) fn make_indexed(&self, tx: &mut Handle, dir: u32, inode: &mut Inode) -> Result<()> {
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let root = self.dir_block(dir, inode, 0)?;
         let entries = self.entries_of(dir, &root.read(), 0)?;
         let parent =
@@ -327,18 +328,18 @@ impl Filesystem {
         let seed = self.inode_seed(dir, inode);
         self.write_leaf(&mut buf.write(), &rest, seed);
         tx.dirty(&buf);
-        let ft = if self.geo.has_filetype { EXT4_FT_DIR } else { 0 };
+        let ft = if self.vol.geo.has_filetype { EXT4_FT_DIR } else { 0 };
         {
             let mut data = root.write();
             data.fill(0);
             dirent::write_entry(&mut data, 0, dir, 12, ft, b".", bs);
             dirent::write_entry(&mut data, 12, parent, bs - 12, ft, b"..", bs);
             let info = DX_ROOT_INFO_OFFSET;
-            data[info + 4] = self.geo.def_hash_version;
+            data[info + 4] = self.vol.geo.def_hash_version;
             data[info + 5] = 8; // info_length
         }
         inode.i_flags |= EXT4_INDEX_FL;
-        let limit = htree::dx_limit(bs, DX_ROOT_COUNTLIMIT_OFFSET, self.geo.metadata_csum);
+        let limit = htree::dx_limit(bs, DX_ROOT_COUNTLIMIT_OFFSET, self.vol.geo.metadata_csum);
         let frame = Frame {
             lblk: 0,
             offset: DX_ROOT_COUNTLIMIT_OFFSET,

@@ -42,12 +42,12 @@ impl Filesystem {
     }
 
     pub(crate) fn is_indexed(&self, inode: &Inode) -> bool {
-        self.geo.has_dir_index && inode.has_flag(EXT4_INDEX_FL) && !inode.has_flag(EXT4_INLINE_DATA_FL)
+        self.vol.geo.has_dir_index && inode.has_flag(EXT4_INDEX_FL) && !inode.has_flag(EXT4_INLINE_DATA_FL)
     }
 
     /// Number of directory blocks; a directory's size is a whole number of blocks.
     pub(crate) fn dir_blocks(&self, ino: u32, inode: &Inode) -> Result<u64> {
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         if !inode.i_size.is_multiple_of(bs) {
             return Err(Error::corrupt(
                 format!("directory size {} is not a multiple of the block size", inode.i_size),
@@ -57,9 +57,12 @@ impl Filesystem {
         // Directories have no holes and no shared blocks, so a directory larger
         // than the filesystem is damage; refusing it bounds every directory scan.
         let blocks = inode.i_size / bs;
-        if blocks > self.geo.blocks_count {
+        if blocks > self.vol.geo.blocks_count {
             return Err(Error::corrupt(
-                format!("directory size {} exceeds the filesystem ({} blocks)", inode.i_size, self.geo.blocks_count),
+                format!(
+                    "directory size {} exceeds the filesystem ({} blocks)",
+                    inode.i_size, self.vol.geo.blocks_count
+                ),
                 format!("directory inode {ino}"),
             ));
         }
@@ -79,11 +82,11 @@ impl Filesystem {
                 ));
             }
         };
-        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
+        let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
         let indexed = self.is_indexed(inode);
         let seed = self.inode_seed(ino, inode);
-        let bs = self.geo.block_size;
-        self.cache.get_verified(pblk, |b| {
+        let bs = self.vol.geo.block_size;
+        self.vol.cache.get_verified(pblk, |b| {
             if !verify {
                 return Ok(());
             }
@@ -116,7 +119,13 @@ impl Filesystem {
 
     fn parse_dir_block(&self, ino: u32, lblk: u64, data: &[u8], out: &mut Vec<DirEntryOwned>) -> Result<()> {
         let location = format!("directory inode {ino} block {lblk}");
-        for e in DirEntryIter::new(data, self.geo.block_size, self.geo.has_filetype, self.geo.inodes_count, &location) {
+        for e in DirEntryIter::new(
+            data,
+            self.vol.geo.block_size,
+            self.vol.geo.has_filetype,
+            self.vol.geo.inodes_count,
+            &location,
+        ) {
             let e = e?;
             if e.inode != 0 && !e.is_tail() {
                 out.push(DirEntryOwned { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
@@ -141,7 +150,9 @@ impl Filesystem {
             [(&data[4..60.min(size)], "i_block"), (&data[60.min(size)..size], "system.data")];
         for (region, what) in regions {
             let location = format!("inline directory inode {ino} ({what})");
-            for e in DirEntryIter::new(region, region.len(), self.geo.has_filetype, self.geo.inodes_count, &location) {
+            for e in
+                DirEntryIter::new(region, region.len(), self.vol.geo.has_filetype, self.vol.geo.inodes_count, &location)
+            {
                 let e = e?;
                 if e.inode != 0 {
                     out.push(DirEntryOwned { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
@@ -159,7 +170,7 @@ impl Filesystem {
         let found = self.lookup_entry(dir, name)?;
         if let Some(ino) = found {
             // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
-            let first_ino = self.sb.read().first_ino();
+            let first_ino = self.vol.sb.read().first_ino();
             if ino < first_ino && ino != crate::ns::ROOT_INO {
                 return Err(Error::corrupt(
                     format!(
@@ -208,8 +219,13 @@ impl Filesystem {
         let buf = self.dir_block(dir, inode, lblk)?;
         let data = buf.read();
         let location = format!("directory inode {dir} block {lblk}");
-        for e in DirEntryIter::new(&data, self.geo.block_size, self.geo.has_filetype, self.geo.inodes_count, &location)
-        {
+        for e in DirEntryIter::new(
+            &data,
+            self.vol.geo.block_size,
+            self.vol.geo.has_filetype,
+            self.vol.geo.inodes_count,
+            &location,
+        ) {
             let e = e?;
             if e.inode != 0 && e.name == name {
                 return Ok(Some(e.inode));
@@ -220,7 +236,7 @@ impl Filesystem {
 
     /// The hash version a directory uses: its root's, made unsigned by the superblock flag.
     pub(crate) fn effective_hash_version(&self, root_version: u8) -> u8 {
-        let flags = if self.geo.unsigned_hash { crate::format::superblock::EXT2_FLAGS_UNSIGNED_HASH } else { 0 };
+        let flags = if self.vol.geo.unsigned_hash { crate::format::superblock::EXT2_FLAGS_UNSIGNED_HASH } else { 0 };
         hash::effective_hash_version(root_version, flags)
     }
 
@@ -228,8 +244,8 @@ impl Filesystem {
     pub(crate) fn htree_lookup(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<Option<(u32, u64)>> {
         let nblocks = self.dir_blocks(dir, inode)?;
         let loc = |lblk: u64| format!("htree of directory inode {dir} block {lblk}");
-        let csum = self.geo.metadata_csum;
-        let bs = self.geo.block_size;
+        let csum = self.vol.geo.metadata_csum;
+        let bs = self.vol.geo.block_size;
         let root = self.dir_block(dir, inode, 0)?;
         let (info, root_node) = {
             let data = root.read();
@@ -238,11 +254,12 @@ impl Filesystem {
             let node = htree::parse_node(&data, countlimit, htree::dx_limit(bs, countlimit, csum), &loc(0))?;
             (info, node)
         };
-        let max_levels = if self.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
+        let max_levels = if self.vol.geo.largedir { htree::DX_MAX_LEVELS_LARGEDIR } else { htree::DX_MAX_LEVELS };
         if info.indirect_levels >= max_levels {
             return Err(Error::corrupt(format!("htree has {} indirect levels", info.indirect_levels), loc(0)));
         }
-        let target = hash::dx_hash(name, self.effective_hash_version(info.hash_version), &self.geo.hash_seed)?.major;
+        let target =
+            hash::dx_hash(name, self.effective_hash_version(info.hash_version), &self.vol.geo.hash_seed)?.major;
 
         // path[i] = (entries of the node at level i, index chosen in it)
         let mut path: Vec<(Vec<DxEntry>, usize)> = Vec::new();

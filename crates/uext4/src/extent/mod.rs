@@ -59,8 +59,8 @@ impl Filesystem {
                         if lblk < e.end() {
                             let start = e.start + (lblk - e.ee_block as u64);
                             let len = (e.end() - lblk).min(max_len);
-                            self.check_block(start, &|| format!("{} logical {lblk}", loc()))?;
-                            self.check_block(start + len - 1, &|| format!("{} logical {lblk}", loc()))?;
+                            self.vol.check_block(start, &|| format!("{} logical {lblk}", loc()))?;
+                            self.vol.check_block(start + len - 1, &|| format!("{} logical {lblk}", loc()))?;
                             let kind = if e.unwritten { MapKind::Unwritten(start) } else { MapKind::Mapped(start) };
                             return Ok(Mapping { lblk, len, kind });
                         }
@@ -99,9 +99,9 @@ impl Filesystem {
     pub(crate) fn read_extent_node(&self, ino: u32, seed: u32, index: &ExtentIndex, depth: u16) -> Result<ExtentNode> {
         let block = index.leaf;
         let location = format!("extent tree of inode {ino}, node at block {block}");
-        self.check_block(block, &|| location.clone())?;
-        let verify = self.geo.metadata_csum && self.geo.verify_checksums;
-        let buf = self.cache.get_verified(block, |b| {
+        self.vol.check_block(block, &|| location.clone())?;
+        let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
+        let buf = self.vol.cache.get_verified(block, |b| {
             if verify {
                 extent::verify_block_checksum(b, seed, &location)?;
             }
@@ -133,14 +133,14 @@ impl Filesystem {
         match node {
             ExtentNode::Leaf(_, v) => {
                 for e in v {
-                    self.check_metadata_free_range(e.start, e.len as u64, &|| {
+                    self.vol.check_metadata_free_range(e.start, e.len as u64, &|| {
                         format!("{location}: extent at logical {}", e.ee_block)
                     })?;
                 }
             }
             ExtentNode::Index(_, v) => {
                 for e in v {
-                    self.check_metadata_free_range(e.leaf, 1, &|| {
+                    self.vol.check_metadata_free_range(e.leaf, 1, &|| {
                         format!("{location}: index entry at logical {}", e.ei_block)
                     })?;
                 }
@@ -152,7 +152,7 @@ impl Filesystem {
     /// ext2/3 block maps: 12 direct pointers, then single, double and triple
     /// indirect blocks of 32-bit pointers. A zero pointer is a hole.
     fn map_indirect(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
-        let per = (self.geo.block_size / 4) as u64;
+        let per = (self.vol.geo.block_size / 4) as u64;
         let first = self.indirect_lookup(ino, inode, lblk)?;
         // Extend the run while the next blocks continue it, within reason.
         let run_cap = max_len.min(per);
@@ -177,7 +177,7 @@ impl Filesystem {
     }
 
     fn indirect_lookup(&self, ino: u32, inode: &Inode, lblk: u64) -> Result<Option<u64>> {
-        let per = (self.geo.block_size / 4) as u64;
+        let per = (self.vol.geo.block_size / 4) as u64;
         let direct = |i: usize| le32(&inode.i_block, i * 4) as u64;
         let (root, mut rem, levels) = if lblk < 12 {
             return self.pointer(ino, direct(lblk as usize));
@@ -195,11 +195,11 @@ impl Filesystem {
             if block == 0 {
                 return Ok(None);
             }
-            self.check_block(block, &|| format!("indirect block of inode {ino}"))?;
+            self.vol.check_block(block, &|| format!("indirect block of inode {ino}"))?;
             let span = per.pow(level);
             let index = (rem / span) as usize;
             rem %= span;
-            let buf = self.cache.get(block)?;
+            let buf = self.vol.cache.get(block)?;
             block = le32(&buf.read(), index * 4) as u64;
         }
         self.pointer(ino, block)
@@ -209,14 +209,14 @@ impl Filesystem {
         if block == 0 {
             return Ok(None);
         }
-        self.check_block(block, &|| format!("block map of inode {ino}"))?;
+        self.vol.check_block(block, &|| format!("block map of inode {ino}"))?;
         Ok(Some(block))
     }
 
     /// Every mapping of the file, in order, for `stat`-style reports. Bounded by
     /// i_size; holes are included.
     pub fn file_mappings(&self, ino: u32, inode: &Inode) -> Result<Vec<Mapping>> {
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let end = inode.i_size.div_ceil(bs).min(MAX_LBLK);
         let mut out = Vec::new();
         let mut lblk = 0;

@@ -41,15 +41,15 @@ impl Filesystem {
     }
 
     fn sectors_per_block(&self) -> u64 {
-        self.geo.block_size as u64 / 512
+        self.vol.geo.block_size as u64 / 512
     }
 
     fn write_leaf_block(&self, tx: &mut Handle, ino: u32, inode: &Inode, block: u64, node: &ExtentNode) -> Result<()> {
-        let buf = self.cache.get_new(block);
+        let buf = self.vol.cache.get_new(block);
         {
             let mut data = buf.write();
             node.write(&mut data);
-            if self.geo.metadata_csum {
+            if self.vol.geo.metadata_csum {
                 fext::set_block_checksum(&mut data, self.inode_seed(ino, inode));
             }
         }
@@ -142,7 +142,7 @@ impl Filesystem {
     /// Frees data blocks unmapped from `inode` and takes them off its i_blocks.
     fn free_data_ranges(&self, tx: &mut Handle, inode: &mut Inode, ranges: &[(u64, u64)]) -> Result<()> {
         for &(start, len) in ranges {
-            self.free_blocks_range(tx, start, len)?;
+            self.alloc.free_blocks_range(tx, start, len)?;
             inode.i_blocks = inode.i_blocks.saturating_sub(len * self.sectors_per_block());
         }
         Ok(())
@@ -194,12 +194,12 @@ impl Filesystem {
     /// Writes zeros over `count` blocks from `pblk` (file data, straight to the device).
     fn zero_blocks(&self, pblk: u64, count: u64) -> Result<()> {
         const CHUNK_BLOCKS: u64 = 256;
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let zeros = vec![0u8; (CHUNK_BLOCKS.min(count) * bs) as usize];
         let mut done = 0;
         while done < count {
             let n = CHUNK_BLOCKS.min(count - done);
-            self.cache.device().write_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
+            self.vol.cache.device().write_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
             done += n;
         }
         Ok(())
@@ -354,7 +354,7 @@ impl Filesystem {
             let node = path[level].clone();
             return self.write_node(tx, ino, inode, &node);
         }
-        let per_block = fext::max_entries_in_block(self.geo.block_size);
+        let per_block = fext::max_entries_in_block(self.vol.geo.block_size);
         let new_block = new_blocks.pop().expect("insert_item set aside a block per split");
         if level == 0 {
             // The root overflows: its entries move to a new node and the root indexes it.
@@ -441,7 +441,7 @@ impl Filesystem {
                 ));
             }
         }
-        self.check_blocks_in_use(&ranges, &location)?;
+        self.alloc.check_blocks_in_use(&ranges, &location)?;
         Ok((extents, node_blocks))
     }
 
@@ -562,7 +562,7 @@ impl Filesystem {
         extents: Vec<Extent>,
         old_nodes: Vec<u64>,
     ) -> Result<()> {
-        let per_block = fext::max_entries_in_block(self.geo.block_size) as usize;
+        let per_block = fext::max_entries_in_block(self.vol.geo.block_size) as usize;
         let mut needed = 0usize;
         let mut width = extents.len();
         while width > ROOT_MAX as usize {
@@ -577,7 +577,7 @@ impl Filesystem {
         let spb = self.sectors_per_block();
         inode.i_blocks = inode.i_blocks.saturating_sub(spare.len() as u64 * spb) + extra as u64 * spb;
         for b in spare {
-            self.free_blocks_range(tx, b, 1)?;
+            self.alloc.free_blocks_range(tx, b, 1)?;
         }
         let mut blocks = blocks.into_iter();
         let mut level: Vec<Item> = extents.into_iter().map(Item::Ext).collect();
@@ -603,11 +603,11 @@ impl Filesystem {
         let mut got: Vec<u64> = Vec::with_capacity(count);
         while got.len() < count {
             let goal = got.last().map_or(goal, |&b| b + 1);
-            match self.alloc_blocks(tx, goal, (count - got.len()) as u32) {
+            match self.alloc.alloc_blocks(tx, goal, (count - got.len()) as u32) {
                 Ok((start, len)) => got.extend(start..start + len as u64),
                 Err(e) => {
                     for &b in &got {
-                        self.free_blocks_range(tx, b, 1)?;
+                        self.alloc.free_blocks_range(tx, b, 1)?;
                     }
                     return Err(e);
                 }

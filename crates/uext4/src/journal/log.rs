@@ -38,7 +38,7 @@
 //! holds a copy of it is revoked by the freeing transaction, and from its commit on
 //! that copy is never written home; dirtying it again cancels the revoke, as jbd2
 //! does. Blocks a transaction freed are not handed out again until it commits
-//! (`JournalOwner::released`): a crash before then brings back their old owner,
+//! (the allocator holds them until `JournalOwner::committed`): a crash before then brings back their old owner,
 //! whose blocks must still hold its bytes. Transaction ids (tids) count every
 //! closed transaction, empty ones too; log sequences count only those written.
 
@@ -57,9 +57,10 @@ pub(crate) trait JournalOwner: Send + Sync {
     /// at once (the flag must be on disk before the log it announces, and stay
     /// until the log is empty).
     fn set_needs_recovery(&self, on: bool) -> Result<()>;
-    /// A transaction committed: the blocks it freed may be handed out again
-    /// (jbd2's j_commit_callback).
-    fn released(&self, freed: &[(u64, u64)]);
+    /// Transaction `tid` (and every one before it) committed: what it freed may
+    /// be handed out again (jbd2's j_commit_callback; the allocator keeps the
+    /// frees, keyed by transaction).
+    fn committed(&self, tid: u64);
     /// The journal aborted: record the error and stop writing.
     fn aborted(&self, why: &str);
     /// The journal superblock recorded an errno (an abort in a previous mount):
@@ -82,9 +83,6 @@ pub(crate) struct Journal {
     /// The log itself: held by whoever writes it (the journal thread through a
     /// commit's I/O, a checkpoint), never by a handle.
     log: Mutex<LogState>,
-    /// Blocks freed by transactions not yet committed: subtracted from what the
-    /// allocator may hand out.
-    pub(crate) pending_free_blocks: AtomicU64,
     /// Milliseconds (since `epoch`) when the running transaction got its first
     /// buffer; 0 while it is empty.
     running_since: AtomicU64,
@@ -118,8 +116,6 @@ struct TxState {
     requested: u64,
     /// Revokes of the running transaction.
     revokes: BTreeSet<u64>,
-    /// Blocks the running transaction freed (start, length).
-    freed: Vec<(u64, u64)>,
     /// Blocks with a copy in the live log or in the committing transaction.
     in_log: HashSet<u64>,
     /// Blocks the live log uses and committed copies pinned, as of the last commit
@@ -285,7 +281,6 @@ impl Journal {
                 committed: 0,
                 requested: 0,
                 revokes: BTreeSet::new(),
-                freed: Vec::new(),
                 in_log: HashSet::new(),
                 log_used: 0,
                 pinned: 0,
@@ -295,7 +290,6 @@ impl Journal {
             }),
             wake: Condvar::new(),
             changed: Condvar::new(),
-            pending_free_blocks: AtomicU64::new(0),
             running_since: AtomicU64::new(0),
             epoch: Instant::now(),
             handle_waits: AtomicU64::new(0),
@@ -456,12 +450,6 @@ impl Journal {
         st.revokes.extend(hits);
     }
 
-    /// Blocks freed under a handle of the running transaction.
-    pub(crate) fn defer_free(&self, start: u64, len: u64) {
-        self.state.lock().freed.push((start, len));
-        self.pending_free_blocks.fetch_add(len, Ordering::Relaxed);
-    }
-
     /// A block joins the running transaction: it is journaled again, so an earlier
     /// revoke of it in this transaction no longer applies.
     fn cancel_revoke(&self, block: u64) {
@@ -568,7 +556,7 @@ impl Journal {
                     let since = self.running_since.load(Ordering::Relaxed);
                     let old = since != 0
                         && self.epoch.elapsed().as_millis() as u64 >= since + self.commit_interval.as_millis() as u64;
-                    let pending = dirty > 0 || !st.revokes.is_empty() || !st.freed.is_empty();
+                    let pending = dirty > 0 || !st.revokes.is_empty();
                     let commit = st.requested >= st.running || dirty >= self.limits.commit_blocks || (pending && old);
                     let checkpoint =
                         st.log_used >= self.limits.checkpoint_log_blocks || st.pinned >= self.limits.checkpoint_pinned;
@@ -600,7 +588,7 @@ impl Journal {
     fn commit_running(&self, log: &mut LogState) -> Result<()> {
         // Close: no handle is in flight while the gate is held, so the copies are
         // whole; handles that come after join the next transaction.
-        let (tid, copies, revokes, freed) = {
+        let (tid, copies, revokes) = {
             let _closed = self.gate.write();
             let mut st = self.state.lock();
             if st.aborting {
@@ -611,9 +599,8 @@ impl Journal {
             self.running_since.store(0, Ordering::Relaxed);
             let copies = self.cache.take_dirty();
             let revokes = std::mem::take(&mut st.revokes);
-            let freed = std::mem::take(&mut st.freed);
             st.in_log.extend(copies.iter().map(|(b, _)| b.block));
-            (tid, copies, revokes, freed)
+            (tid, copies, revokes)
         };
         self.changed.notify_all();
         let result = if copies.is_empty() && revokes.is_empty() {
@@ -631,9 +618,7 @@ impl Journal {
                 for (buf, data) in copies {
                     log.checkpoint.insert(buf.block, (buf, data));
                 }
-                self.owner.released(&freed);
-                let released: u64 = freed.iter().map(|&(_, len)| len).sum();
-                self.pending_free_blocks.fetch_sub(released, Ordering::Relaxed);
+                self.owner.committed(tid);
                 let mut st = self.state.lock();
                 st.committed = tid;
                 st.log_used = log.used();
@@ -804,7 +789,7 @@ mod tests {
     #[derive(Default)]
     struct Recorder {
         recover_flag: Mutex<Vec<bool>>,
-        released: Mutex<Vec<(u64, u64)>>,
+        committed: Mutex<Vec<u64>>,
         aborted: Mutex<Option<String>>,
     }
 
@@ -813,8 +798,8 @@ mod tests {
             self.recover_flag.lock().push(on);
             Ok(())
         }
-        fn released(&self, freed: &[(u64, u64)]) {
-            self.released.lock().extend_from_slice(freed);
+        fn committed(&self, tid: u64) {
+            self.committed.lock().push(tid);
         }
         fn aborted(&self, why: &str) {
             *self.aborted.lock() = Some(why.to_string());
@@ -867,7 +852,6 @@ mod tests {
             let joined = journal.join(1).unwrap();
             buf.write().fill(0xAA);
             journal.dirtied(&buf);
-            journal.defer_free(50, 2);
             joined.tid
         };
         journal.wait_committed(tid).unwrap();
@@ -880,9 +864,8 @@ mod tests {
         let r = replay(&dev);
         assert_eq!(r.transactions, 1);
         assert!(r.blocks[&10].iter().all(|&b| b == 0xAA));
-        assert_eq!(*owner.released.lock(), [(50, 2)], "frees are released by their commit");
+        assert_eq!(*owner.committed.lock(), [tid], "the commit callback names the transaction");
         assert_eq!(*owner.recover_flag.lock(), [true]);
-        assert_eq!(journal.pending_free_blocks.load(Ordering::Relaxed), 0);
         journal.checkpoint_all().unwrap();
         let mut home = vec![0u8; BS];
         dev.read_at(10 * BS as u64, &mut home).unwrap();
@@ -933,7 +916,6 @@ mod tests {
             let joined = journal.join(1).unwrap();
             buf.write().fill(0xCC);
             journal.dirtied(&buf);
-            journal.defer_free(60, 1);
             joined.tid
         };
         dev.fail.store(true, Ordering::SeqCst);
@@ -941,7 +923,7 @@ mod tests {
         assert_eq!(err.errno(), 5, "{err}");
         assert!(owner.aborted.lock().is_some());
         assert!(buf.is_dirty(), "a failed commit hands its buffers back dirty");
-        assert!(owner.released.lock().is_empty(), "frees of an uncommitted transaction stay pending");
+        assert!(owner.committed.lock().is_empty(), "a failed commit calls no commit callback");
         assert!(matches!(journal.join(1), Err(Error::ReadOnly(_))));
         assert_eq!(replay(&mem).transactions, 0, "nothing half-written is replayed");
         journal.shutdown();

@@ -20,13 +20,13 @@ impl Filesystem {
         }
         let jino = sb.s_journal_inum;
         let jinode = self.inode(jino)?;
-        let bs = self.geo.block_size;
+        let bs = self.vol.geo.block_size;
         let mut read_jblock = |n: u32| -> Result<Vec<u8>> {
             let m = self.map_blocks(jino, &jinode, n as u64, 1)?;
             match m.kind {
                 MapKind::Mapped(p) => {
                     let mut v = vec![0u8; bs];
-                    self.cache.device().read_at(p * bs as u64, &mut v)?;
+                    self.vol.cache.device().read_at(p * bs as u64, &mut v)?;
                     Ok(v)
                 }
                 _ => Err(Error::corrupt(format!("journal has no block at {n}"), format!("journal inode {jino}"))),
@@ -34,7 +34,7 @@ impl Filesystem {
         };
         let replay = recovery::recover(&mut read_jblock)?;
         for &blk in replay.blocks.keys() {
-            self.check_block(blk, &|| "journal replay target".to_string())?;
+            self.vol.check_block(blk, &|| "journal replay target".to_string())?;
         }
         Ok((replay.blocks, replay.next_sequence))
     }
@@ -45,9 +45,9 @@ impl Filesystem {
     /// (the changes then wait in the log for a checkpoint), otherwise by writing
     /// them home (`sync`). The caller holds no lock of the filesystem.
     pub fn commit(&self) -> Result<()> {
-        let Some(journal) = self.journal.as_ref() else { return self.sync() };
+        let Some(journal) = self.vol.journal() else { return self.sync() };
         if self.is_read_only() {
-            return if self.has_failed() { Err(self.error_state_eio()) } else { Ok(()) };
+            return if self.has_failed() { Err(self.vol.error_state_eio()) } else { Ok(()) };
         }
         // Called holding no locks, so extent trees split since the last commit can
         // be packed first.
@@ -70,25 +70,25 @@ impl Filesystem {
     /// place may sit in its cache). In the error state: EIO.
     pub fn fsync(&self, ino: u32) -> Result<()> {
         self.inode(ino)?;
-        if self.read_only {
+        if self.vol.opened_read_only() {
             return Ok(());
         }
         if self.has_failed() && self.is_read_only() {
-            return Err(self.error_state_eio());
+            return Err(self.vol.error_state_eio());
         }
-        let Some(journal) = self.journal.as_ref() else { return self.sync() };
+        let Some(journal) = self.vol.journal() else { return self.sync() };
         if !self.extent_compact.lock().is_empty() {
             self.compact_split_extent_trees()?;
         }
         match journal.inode_tid(ino) {
             Some(tid) => journal.wait_committed(tid),
-            None => self.cache.device().flush(),
+            None => self.vol.cache.device().flush(),
         }
     }
 
     /// Commits, then writes every committed block home and empties the log.
     pub fn checkpoint(&self) -> Result<()> {
-        match self.journal.as_ref() {
+        match self.vol.journal() {
             Some(journal) if !self.is_read_only() => journal.checkpoint_all(),
             _ => Ok(()),
         }
@@ -96,6 +96,6 @@ impl Filesystem {
 
     /// Counters of the journal since open (None without a journal).
     pub fn journal_stats(&self) -> Option<log::JournalStats> {
-        self.journal.as_ref().map(|j| j.stats())
+        self.vol.journal().map(|j| j.stats())
     }
 }

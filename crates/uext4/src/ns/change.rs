@@ -1,5 +1,6 @@
-//! Changing the namespace: create, mkdir, symlink, link, unlink, rmdir, and writing
-//! file data — the inode-level API a FUSE low-level frontend calls.
+//! Changing the namespace: create, mknod, mkdir, symlink, link, unlink, rmdir and
+//! setattr — the inode-level API a FUSE low-level frontend calls. File data
+//! (write, truncate, fallocate) is the file layer's (`file`).
 //!
 //! Locks, in docs/ARCHITECTURE.md's order: the parent directory's name lock, then
 //! the inode locks of every inode changed, in ascending inode number, then the
@@ -10,7 +11,6 @@
 //! (linear and htree) and `inline` (moved to a block first).
 
 use crate::error::{Error, Result};
-use crate::extent::MapKind;
 use crate::format::dirent::{self, file_type_from_mode, EXT4_FT_DIR};
 use crate::format::inode::*;
 use crate::fs::Filesystem;
@@ -20,8 +20,6 @@ use crate::ns::Stat;
 /// Worst-case new blocks for one name: a directory block or leaf split, index
 /// splits and a root push-down, and extent-tree node splits for the new block.
 pub(crate) const NAME_SPACE_BLOCKS: u64 = 16;
-/// Worst case for one data block: itself and a node split at every tree level.
-const DATA_SPACE_BLOCKS: u64 = 8;
 
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
@@ -57,21 +55,16 @@ impl Filesystem {
     /// smaller ones to 2038 in whole seconds.
     pub fn timestamp_truncate(&self, t: Timestamp) -> Timestamp {
         const ATIME_EXTRA_END: usize = 0x90;
-        t.clamp(self.geo.inode_size >= ATIME_EXTRA_END)
+        t.clamp(self.vol.geo.inode_size >= ATIME_EXTRA_END)
     }
 }
 
-/// Owner and permission bits for a new inode.
-#[derive(Clone, Copy, Debug)]
-pub struct Owner {
-    pub uid: u32,
-    pub gid: u32,
-}
+pub use crate::alloc::Owner;
 
 impl Filesystem {
     fn new_inode(&self, mode: u16, owner: Owner) -> Inode {
-        let extra = if self.geo.inode_size > 128 { 32 } else { 0 };
-        let mut i = Inode::new(self.geo.inode_size, extra);
+        let extra = if self.vol.geo.inode_size > 128 { 32 } else { 0 };
+        let mut i = Inode::new(self.vol.geo.inode_size, extra);
         let t = now();
         i.i_mode = mode;
         i.i_uid = owner.uid;
@@ -105,7 +98,7 @@ impl Filesystem {
         init: &dyn Fn(&Self, &mut Handle, u32, &mut Inode) -> Result<()>,
     ) -> Result<Stat> {
         check_name(name)?;
-        let _caller = self.acting_as_unless_set(owner);
+        let _caller = crate::alloc::acting_as_unless_set(owner);
         let is_dir = mode & S_IFMT == S_IFDIR;
         let _name_lock = self.dir_locks.lock(parent as u64);
         self.require_dir(parent)?;
@@ -118,7 +111,7 @@ impl Filesystem {
         let _parent_lock = self.inode_locks.lock(parent as u64);
         self.ensure_space_for_name(parent, name, init_blocks)?;
         let mut tx = self.begin(8)?;
-        let ino = self.alloc_inode(&mut tx, parent, is_dir)?;
+        let ino = self.alloc.alloc_inode(&mut tx, parent, is_dir)?;
         let _inode_lock = self.inode_locks.lock(ino as u64);
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
@@ -140,7 +133,7 @@ impl Filesystem {
     /// nearly full disk only what it needs (nothing when it fits in the directory
     /// as it is, so an empty file can still be made, as with the kernel).
     pub(crate) fn ensure_space_for_name(&self, dir: u32, name: &[u8], blocks: u64) -> Result<()> {
-        if self.ensure_space(NAME_SPACE_BLOCKS + blocks).is_ok() {
+        if self.alloc.ensure_space(NAME_SPACE_BLOCKS + blocks).is_ok() {
             return Ok(());
         }
         let dir_inode = self.inode(dir)?;
@@ -149,7 +142,7 @@ impl Filesystem {
             false => blocks,
         };
         if needed > 0 {
-            self.ensure_space(needed)?;
+            self.alloc.ensure_space(needed)?;
         }
         Ok(())
     }
@@ -194,15 +187,15 @@ impl Filesystem {
     pub fn mkdir(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
         self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, 1, &|fs, tx, ino, i| {
             i.i_links_count = 2;
-            let bs = fs.geo.block_size;
-            let (blk, _) = fs.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
-            let buf = fs.cache.get_new(blk);
+            let bs = fs.vol.geo.block_size;
+            let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            let buf = fs.vol.cache.get_new(blk);
             {
                 let mut data = buf.write();
-                let tail = if fs.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
+                let tail = if fs.vol.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
                 dirent::write_entry(&mut data, 0, ino, 12, EXT4_FT_DIR, b".", bs);
                 dirent::write_entry(&mut data, 12, parent, bs - 12 - tail, EXT4_FT_DIR, b"..", bs);
-                if fs.geo.metadata_csum {
+                if fs.vol.geo.metadata_csum {
                     dirent::set_tail(&mut data, fs.inode_seed(ino, i));
                 }
             }
@@ -219,7 +212,7 @@ impl Filesystem {
             return Err(Error::NotFound("an empty symlink target".into()));
         }
         // The target and its NUL must fit in one block (the kernel's ext4_symlink).
-        if target.len() >= self.geo.block_size {
+        if target.len() >= self.vol.geo.block_size {
             return Err(Error::NameTooLong(format!("symlink target of {} bytes", target.len())));
         }
         let blocks = (target.len() >= 60) as u64;
@@ -232,10 +225,10 @@ impl Filesystem {
                 i.i_block[..target.len()].copy_from_slice(target);
                 return Ok(());
             }
-            let (blk, _) = fs.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
-            let mut data = vec![0u8; fs.geo.block_size];
+            let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            let mut data = vec![0u8; fs.vol.geo.block_size];
             data[..target.len()].copy_from_slice(target);
-            fs.cache.device().write_at(blk * fs.geo.block_size as u64, &data)?;
+            fs.vol.cache.device().write_at(blk * fs.vol.geo.block_size as u64, &data)?;
             fs.extent_append(tx, ino, i, 0, blk, 1)
         })
     }
@@ -309,7 +302,7 @@ impl Filesystem {
         }
         // As the kernel's ext4_empty_dir: a directory shorter than one block cannot
         // be shown empty (its entries may lie past i_size); it is corrupt.
-        if want_dir && !inode.has_flag(EXT4_INLINE_DATA_FL) && inode.i_size < self.geo.block_size as u64 {
+        if want_dir && !inode.has_flag(EXT4_INLINE_DATA_FL) && inode.i_size < self.vol.geo.block_size as u64 {
             return Err(Error::corrupt(
                 format!("directory of {} bytes is shorter than one block", inode.i_size),
                 format!("directory inode {ino}"),
@@ -359,7 +352,7 @@ impl Filesystem {
         }
         if inode.i_file_acl != 0 {
             self.xattr_block(ino, inode.i_file_acl)?;
-            self.check_blocks_in_use(&[(inode.i_file_acl, 1)], &|| format!("xattr block of inode {ino}"))?;
+            self.alloc.check_blocks_in_use(&[(inode.i_file_acl, 1)], &|| format!("xattr block of inode {ino}"))?;
         }
         Ok(())
     }
@@ -377,135 +370,7 @@ impl Filesystem {
         self.release_xattr_block(tx, ino, inode)?;
         inode.i_dtime = now().sec as u32;
         inode.i_size = 0;
-        self.free_inode(tx, ino, inode.is_dir())
-    }
-
-    /// Writes `data` at `offset`: mapped blocks are overwritten in place, holes get
-    /// new blocks (merged into the neighbouring extent when contiguous). As the
-    /// kernel does, a write starting at or past the largest file size fails with
-    /// EFBIG and one crossing it is cut short there; running out of space part-way
-    /// is a short write. Whatever was written is recorded in the inode.
-    pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
-        let _lock = self.inode_locks.lock(ino as u64);
-        let inode = self.inode(ino)?;
-        if inode.is_dir() {
-            return Err(Error::IsADirectory(format!("writing to directory inode {ino}")));
-        }
-        if !inode.is_reg() {
-            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
-        }
-        let max = self.max_size_of(&inode);
-        if offset >= max {
-            return Err(Error::FileTooLarge(format!(
-                "write at byte {offset} of inode {ino}: the largest file is {max} bytes"
-            )));
-        }
-        let data = &data[..data.len().min((max - offset).min(usize::MAX as u64) as usize)];
-        let mut tx = self.begin(16)?;
-        self.uninline(&mut tx, ino)?;
-        let mut inode = (*self.inode(ino)?).clone();
-        let mut done = 0usize;
-        let outcome = self.write_blocks(&mut tx, ino, &mut inode, offset, data, &mut done);
-        if let Err(e @ Error::Io(_)) = outcome {
-            // The device failed between a change (blocks taken, mapped) and the data
-            // it maps: that cannot be undone. The handle ends unfinished, which aborts
-            // the journal if it changed anything (see journal/handle.rs).
-            return Err(e);
-        }
-        if outcome.is_err() && done == 0 {
-            // Nothing was written; the inode may still have changed (a failed step
-            // leaves the tree as it was, earlier steps may not), so it is saved.
-            self.write_inode(&mut tx, ino, &inode)?;
-            tx.finish()?;
-            return outcome.map(|_| 0);
-        }
-        let end = offset + done as u64;
-        if end > inode.i_size {
-            inode.i_size = end;
-        }
-        let t = now();
-        inode.i_mtime = t;
-        inode.i_ctime = t;
-        self.write_inode(&mut tx, ino, &inode)?;
-        tx.finish()?;
-        Ok(done)
-    }
-
-    /// The block loop of `write`: `done` counts the bytes written so far, which
-    /// stay written (and mapped in `inode`) whatever happens next.
-    fn write_blocks(
-        &self,
-        tx: &mut Handle,
-        ino: u32,
-        inode: &mut Inode,
-        offset: u64,
-        data: &[u8],
-        done: &mut usize,
-    ) -> Result<()> {
-        let bs = self.geo.block_size as u64;
-        let zeroout = self.extent_zeroout_len();
-        let dev = self.cache.device().clone();
-        while *done < data.len() {
-            let pos = offset + *done as u64;
-            let lblk = pos / bs;
-            let in_block = (pos % bs) as usize;
-            let n = (bs as usize - in_block).min(data.len() - *done);
-            let pblk = match self.map_blocks(ino, inode, lblk, 1)?.kind {
-                MapKind::Mapped(p) => p,
-                MapKind::Unwritten(p) => {
-                    self.ensure_space(DATA_SPACE_BLOCKS)?;
-                    // Preallocated but never written: its old bytes must not show, so
-                    // what this write leaves of the block becomes zeros.
-                    if n < bs as usize {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    self.extent_mark_written(tx, ino, inode, lblk, zeroout)?;
-                    p
-                }
-                MapKind::Hole => {
-                    // Out of space: a short write, or ENOSPC if nothing was written.
-                    self.ensure_space(DATA_SPACE_BLOCKS)?;
-                    // The whole hole this write covers is allocated as one run.
-                    let want_blocks = (in_block as u64 + (data.len() - *done) as u64).div_ceil(bs);
-                    let hole = self.map_blocks(ino, inode, lblk, want_blocks)?.len;
-                    let reserved = self.reserved_blocks();
-                    let spare = self.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
-                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
-                    // Right after the block before, so sequential writes stay contiguous.
-                    let goal = match lblk.checked_sub(1) {
-                        Some(prev) => match self.map_blocks(ino, inode, prev, 1)?.kind {
-                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
-                            MapKind::Hole => self.inode_goal(ino),
-                        },
-                        None => self.inode_goal(ino),
-                    };
-                    let (p, got) = self.alloc_blocks(tx, goal, want)?;
-                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - *done);
-                    // Fresh blocks: zero the parts of the first and last this write leaves.
-                    if in_block > 0 {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    let end_in_block = (in_block + bytes) % bs as usize;
-                    if end_in_block != 0 {
-                        let last = p + (in_block + bytes) as u64 / bs;
-                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
-                    }
-                    if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
-                        // The tree is as it was: the blocks go back.
-                        self.free_blocks_range(tx, p, got as u64)?;
-                        return Err(e);
-                    }
-                    // File data goes straight to the device, before the metadata that maps it.
-                    dev.write_at(p * bs + in_block as u64, &data[*done..*done + bytes])?;
-                    *done += bytes;
-                    continue;
-                }
-            };
-            // File data goes straight to the device, before the metadata that maps it.
-            dev.write_at(pblk * bs + in_block as u64, &data[*done..*done + n])?;
-            *done += n;
-        }
-        Ok(())
+        self.alloc.free_inode(tx, ino, inode.is_dir())
     }
 }
 
@@ -530,19 +395,7 @@ impl Filesystem {
         let _lock = self.inode_locks.lock(ino as u64);
         if let Some(size) = attr.size {
             // Refused before anything changes.
-            let inode = self.inode(ino)?;
-            if inode.is_dir() {
-                return Err(Error::IsADirectory(format!("truncating directory inode {ino}")));
-            }
-            if !inode.is_reg() {
-                return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
-            }
-            let max = self.max_size_of(&inode);
-            if size > max {
-                return Err(Error::FileTooLarge(format!(
-                    "size {size} for inode {ino}: the largest file is {max} bytes"
-                )));
-            }
+            self.check_truncate(ino, size)?;
         }
         let mut tx = self.begin(8)?;
         if attr.size.is_some() {
@@ -559,21 +412,7 @@ impl Filesystem {
             inode.i_gid = g;
         }
         if let Some(size) = attr.size {
-            if size < inode.i_size {
-                let bs = self.geo.block_size as u64;
-                self.extent_truncate(&mut tx, ino, &mut inode, size.div_ceil(bs))?;
-                // Bytes past the new end in its last block must read as zeros if the
-                // file grows again.
-                if size % bs != 0 {
-                    if let MapKind::Mapped(p) = self.map_blocks(ino, &inode, size / bs, 1)?.kind {
-                        let tail = (bs - size % bs) as usize;
-                        self.cache.device().write_at(p * bs + size % bs, &vec![0u8; tail])?;
-                    }
-                }
-            }
-            inode.i_size = size;
-            let t = now();
-            inode.i_mtime = t;
+            self.truncate_data(&mut tx, ino, &mut inode, size)?;
         }
         if let Some(t) = attr.atime {
             inode.i_atime = self.timestamp_truncate(t);

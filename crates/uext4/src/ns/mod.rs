@@ -110,7 +110,7 @@ impl Filesystem {
             uid: i.i_uid,
             gid: i.i_gid,
             size: i.i_size,
-            blocks: i.blocks_512(self.geo.huge_file, self.geo.block_size as u32),
+            blocks: i.blocks_512(self.vol.geo.huge_file, self.vol.geo.block_size as u32),
             atime: i.i_atime,
             mtime: i.i_mtime,
             ctime: i.i_ctime,
@@ -227,14 +227,14 @@ impl Filesystem {
     /// statfs(2) as the kernel's ext4_statfs answers it: `blocks` leaves out the
     /// metadata overhead, so `df` on a uext4 mount agrees with the kernel's.
     pub fn statfs(&self) -> StatFs {
-        let reserved = self.sb.read().s_r_blocks_count;
+        let reserved = self.vol.sb.read().s_r_blocks_count;
         let free = self.free_blocks();
         StatFs {
-            block_size: self.geo.block_size as u32,
-            blocks: self.geo.blocks_count.saturating_sub(self.overhead_blocks()),
+            block_size: self.vol.geo.block_size as u32,
+            blocks: self.vol.geo.blocks_count.saturating_sub(self.overhead_blocks()),
             free_blocks: free,
             available_blocks: free.saturating_sub(reserved),
-            inodes: self.geo.inodes_count as u64,
+            inodes: self.vol.geo.inodes_count as u64,
             free_inodes: self.free_inodes(),
             name_max: crate::format::dirent::EXT4_NAME_LEN as u32,
         }
@@ -250,23 +250,23 @@ impl Filesystem {
     /// with bigalloc (opened read-only here); otherwise the figure is recomputed.
     pub fn overhead_blocks(&self) -> u64 {
         use crate::format::superblock::{COMPAT_HAS_JOURNAL, INCOMPAT_META_BG};
-        let sb = self.sb.read();
+        let sb = self.vol.sb.read();
         let stored = sb.s_overhead_clusters as u64;
         if sb.has_ro_compat(crate::format::superblock::RO_COMPAT_BIGALLOC) && stored != 0 {
             let per_cluster = 1u64 << sb.s_log_cluster_size.saturating_sub(sb.s_log_block_size).min(31);
             let blocks = stored.saturating_mul(per_cluster);
-            if blocks <= self.geo.blocks_count {
+            if blocks <= self.vol.geo.blocks_count {
                 return blocks;
             }
         }
-        let bs = self.geo.block_size as u64;
-        let descs_per_block = (bs / self.geo.desc_size as u64).max(1);
-        let groups = self.geo.group_count as u64;
+        let bs = self.vol.geo.block_size as u64;
+        let descs_per_block = (bs / self.vol.geo.desc_size as u64).max(1);
+        let groups = self.vol.geo.group_count as u64;
         let gdt_blocks = groups.div_ceil(descs_per_block);
         let meta_bg = sb.has_incompat(INCOMPAT_META_BG);
-        let itable_blocks = (self.geo.inodes_per_group as u64 * self.geo.inode_size as u64).div_ceil(bs);
-        let mut overhead = self.geo.first_data_block as u64;
-        for g in 0..self.geo.group_count {
+        let itable_blocks = (self.vol.geo.inodes_per_group as u64 * self.vol.geo.inode_size as u64).div_ceil(bs);
+        let mut overhead = self.vol.geo.first_data_block as u64;
+        for g in 0..self.vol.geo.group_count {
             let has_super = crate::fs::group_has_superblock(&sb, g);
             let metagroup = g as u64 / descs_per_block;
             let descriptors = if !meta_bg || metagroup < sb.s_first_meta_bg as u64 {

@@ -153,16 +153,16 @@ impl Filesystem {
     /// a checkpoint writing it home before the log is emptied must not clear the
     /// flag under a live log (the checkpoint's end clears it).
     pub(crate) fn stage_superblock(&self, tx: &mut Handle, sb: &Superblock) -> Result<()> {
-        let bytes = if self.journal.is_some() && !sb.has_incompat(INCOMPAT_RECOVER) {
+        let bytes = if self.vol.journal().is_some() && !sb.has_incompat(INCOMPAT_RECOVER) {
             let mut logged = sb.clone();
             logged.s_feature_incompat |= INCOMPAT_RECOVER;
             logged.to_bytes()
         } else {
             sb.to_bytes()
         };
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let (block, off) = (SUPERBLOCK_OFFSET / bs, (SUPERBLOCK_OFFSET % bs) as usize);
-        let buf = self.cache.get(block)?;
+        let buf = self.vol.cache.get(block)?;
         buf.write()[off..off + SUPERBLOCK_SIZE].copy_from_slice(&bytes);
         tx.dirty(&buf);
         Ok(())
@@ -177,7 +177,7 @@ impl Filesystem {
         }
         if let Some(slot) = self.orphan_file_take_slot(tx, &mut orphans, ino)? {
             orphans.slots.insert(ino, slot);
-            let mut sb = self.sb.write();
+            let mut sb = self.vol.sb.write();
             if !sb.has_ro_compat(RO_COMPAT_ORPHAN_PRESENT) {
                 sb.s_feature_ro_compat |= RO_COMPAT_ORPHAN_PRESENT;
                 self.stage_superblock(tx, &sb)?;
@@ -185,7 +185,7 @@ impl Filesystem {
             return Ok(());
         }
         // The chain: this inode becomes its head.
-        let mut sb = self.sb.write();
+        let mut sb = self.vol.sb.write();
         let old_head = sb.s_last_orphan;
         if let Some(l) = orphans.chain.get_mut(&old_head) {
             l.prev = ino;
@@ -209,7 +209,7 @@ impl Filesystem {
             l.prev = link.prev;
         }
         if link.prev == 0 {
-            let mut sb = self.sb.write();
+            let mut sb = self.vol.sb.write();
             sb.s_last_orphan = link.next;
             return self.stage_superblock(tx, &sb);
         }
@@ -229,8 +229,8 @@ impl Filesystem {
     fn orphan_file_take_slot(&self, tx: &mut Handle, orphans: &mut Orphans, ino: u32) -> Result<Option<usize>> {
         let Some(file) = orphans.file.as_mut() else { return Ok(None) };
         let Some(b) = file.free.iter().position(|&n| n > 0) else { return Ok(None) };
-        let per = slots_per_block(self.geo.block_size);
-        let buf = self.cache.get(file.blocks[b])?;
+        let per = slots_per_block(self.vol.geo.block_size);
+        let buf = self.vol.cache.get(file.blocks[b])?;
         let index = {
             let mut data = buf.write();
             let Some(i) = (0..per).find(|&i| le32_at(&data, i * 4) == 0) else {
@@ -250,9 +250,9 @@ impl Filesystem {
 
     fn orphan_file_clear_slot(&self, tx: &mut Handle, orphans: &mut Orphans, slot: usize) -> Result<()> {
         let file = orphans.file.as_mut().expect("a slot implies an orphan file");
-        let per = slots_per_block(self.geo.block_size);
+        let per = slots_per_block(self.vol.geo.block_size);
         let (b, i) = (slot / per, slot % per);
-        let buf = self.cache.get(file.blocks[b])?;
+        let buf = self.vol.cache.get(file.blocks[b])?;
         {
             let mut data = buf.write();
             data[i * 4..i * 4 + 4].fill(0);
@@ -266,15 +266,15 @@ impl Filesystem {
     /// The checksum of an orphan file block: crc32c from the orphan file inode's
     /// seed over the block's physical number (le64), then over its slots.
     fn orphan_block_checksum(&self, data: &[u8], pblk: u64, seed: u32) -> u32 {
-        let per = slots_per_block(self.geo.block_size);
+        let per = slots_per_block(self.vol.geo.block_size);
         let c = crate::format::csum::crc32c(seed, &pblk.to_le_bytes());
         crate::format::csum::crc32c(c, &data[..per * 4])
     }
 
     fn orphan_block_seal(&self, data: &mut [u8], pblk: u64, seed: u32) {
-        if self.geo.metadata_csum {
+        if self.vol.geo.metadata_csum {
             let c = self.orphan_block_checksum(data, pblk, seed);
-            let at = self.geo.block_size - 4;
+            let at = self.vol.geo.block_size - 4;
             data[at..].copy_from_slice(&c.to_le_bytes());
         }
     }
@@ -295,32 +295,32 @@ impl Filesystem {
         }
         let oino = sb.s_orphan_file_inum;
         let where_ = || format!("orphan file inode {oino}");
-        if oino == 0 || oino > self.geo.inodes_count {
+        if oino == 0 || oino > self.vol.geo.inodes_count {
             return Err(Error::corrupt(format!("orphan file inode number {oino} is out of range"), "superblock"));
         }
         let inode = self.inode(oino)?;
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let count = inode.i_size / bs;
-        if count > self.geo.blocks_count {
+        if count > self.vol.geo.blocks_count {
             return Err(Error::corrupt(format!("orphan file of {} bytes", inode.i_size), where_()));
         }
         let seed = self.inode_seed(oino, &inode);
-        let per = slots_per_block(self.geo.block_size);
+        let per = slots_per_block(self.vol.geo.block_size);
         let mut file = OrphanFile { blocks: Vec::new(), free: Vec::new(), seed };
         let mut found = Vec::new();
         for lblk in 0..count {
             let crate::extent::MapKind::Mapped(pblk) = self.map_blocks(oino, &inode, lblk, 1)?.kind else {
                 return Err(Error::corrupt(format!("orphan file has no block at {lblk}"), where_()));
             };
-            self.check_block(pblk, &where_)?;
-            let buf = self.cache.get(pblk)?;
+            self.vol.check_block(pblk, &where_)?;
+            let buf = self.vol.cache.get(pblk)?;
             let data = buf.read();
-            if le32_at(&data, self.geo.block_size - 8) != EXT4_ORPHAN_BLOCK_MAGIC {
+            if le32_at(&data, self.vol.geo.block_size - 8) != EXT4_ORPHAN_BLOCK_MAGIC {
                 return Err(Error::corrupt(format!("orphan file block {lblk} has a bad magic"), where_()));
             }
-            if self.geo.metadata_csum
-                && self.geo.verify_checksums
-                && le32_at(&data, self.geo.block_size - 4) != self.orphan_block_checksum(&data, pblk, seed)
+            if self.vol.geo.metadata_csum
+                && self.vol.geo.verify_checksums
+                && le32_at(&data, self.vol.geo.block_size - 4) != self.orphan_block_checksum(&data, pblk, seed)
             {
                 return Err(Error::corrupt(format!("orphan file block {lblk} has a bad checksum"), where_()));
             }
@@ -340,13 +340,13 @@ impl Filesystem {
 
     /// Whether `ino`'s bit is set in its group's inode bitmap.
     fn inode_allocated(&self, ino: u32) -> Result<bool> {
-        let g = (ino - 1) / self.geo.inodes_per_group;
-        let index = ((ino - 1) % self.geo.inodes_per_group) as usize;
-        let gd = self.groups[g as usize].read().clone();
-        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 && self.geo.gd_csum != GdCsum::None {
+        let g = (ino - 1) / self.vol.geo.inodes_per_group;
+        let index = ((ino - 1) % self.vol.geo.inodes_per_group) as usize;
+        let gd = self.vol.groups[g as usize].read().clone();
+        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 && self.vol.geo.gd_csum != GdCsum::None {
             return Ok(false);
         }
-        let buf = self.cache.get(gd.bg_inode_bitmap)?;
+        let buf = self.vol.cache.get(gd.bg_inode_bitmap)?;
         let set = bitmap::test_bit(&buf.read(), index);
         Ok(set)
     }
@@ -356,7 +356,7 @@ impl Filesystem {
     /// change (e2fsck repairs such lists).
     fn check_orphan(&self, ino: u32, record: &str) -> Result<()> {
         let bad = |why: &str| Error::corrupt(format!("{record} names inode {ino}, {why}"), "orphan records");
-        if ino < self.sb.read().first_ino() || ino > self.geo.inodes_count {
+        if ino < self.vol.sb.read().first_ino() || ino > self.vol.geo.inodes_count {
             return Err(bad("which cannot be an orphan"));
         }
         if !self.inode_allocated(ino)? {
@@ -389,7 +389,7 @@ impl Filesystem {
         }
         // A truncate that did not finish: blocks past i_size go.
         if inode.is_reg() && inode.has_flag(EXT4_EXTENTS_FL) {
-            let bs = self.geo.block_size as u64;
+            let bs = self.vol.geo.block_size as u64;
             let keep = inode.i_size.div_ceil(bs);
             self.extent_truncate(tx, ino, &mut inode, keep)?;
         }
@@ -405,7 +405,7 @@ impl Filesystem {
         let in_file = self.load_orphan_file()?;
         let mut chain = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        let mut at = self.sb.read().s_last_orphan;
+        let mut at = self.vol.sb.read().s_last_orphan;
         while at != 0 {
             if !seen.insert(at) {
                 return Err(Error::corrupt("the orphan chain runs in a loop", "superblock s_last_orphan"));
@@ -432,7 +432,7 @@ impl Filesystem {
         for (n, &ino) in chain.iter().enumerate() {
             let mut tx = self.begin(16)?;
             {
-                let mut sb = self.sb.write();
+                let mut sb = self.vol.sb.write();
                 sb.s_last_orphan = chain.get(n + 1).copied().unwrap_or(0);
                 self.stage_superblock(&mut tx, &sb)?;
             }

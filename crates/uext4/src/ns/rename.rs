@@ -131,7 +131,7 @@ impl Filesystem {
             inline |= self.inode(ino)?.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL);
         }
         if inline {
-            self.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
+            self.alloc.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
         } else if dst.is_none() {
             self.ensure_space_for_name(dst_dir, dst_name, 0)?;
         }

@@ -36,7 +36,7 @@ impl Filesystem {
             buf[avail..].fill(0);
             return Ok(want);
         }
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let mut done = 0usize;
         while done < want {
             let pos = offset + done as u64;
@@ -48,7 +48,7 @@ impl Filesystem {
             let dst = &mut buf[done..done + run_bytes];
             match m.kind {
                 MapKind::Hole | MapKind::Unwritten(_) => dst.fill(0),
-                MapKind::Mapped(pblk) => self.cache.device().read_at(pblk * bs + in_block, dst)?,
+                MapKind::Mapped(pblk) => self.vol.cache.device().read_at(pblk * bs + in_block, dst)?,
             }
             done += run_bytes;
         }
@@ -99,7 +99,7 @@ impl Filesystem {
         if inode.has_flag(EXT4_INLINE_DATA_FL) || !inode.is_symlink() {
             return false;
         }
-        let xattr_sectors = if inode.i_file_acl != 0 { self.geo.block_size as u64 / 512 } else { 0 };
-        inode.blocks_512(self.geo.huge_file, self.geo.block_size as u32) <= xattr_sectors
+        let xattr_sectors = if inode.i_file_acl != 0 { self.vol.geo.block_size as u64 / 512 } else { 0 };
+        inode.blocks_512(self.vol.geo.huge_file, self.vol.geo.block_size as u32) <= xattr_sectors
     }
 }

@@ -63,11 +63,11 @@ impl Filesystem {
         if !inode.is_reg() {
             return Err(Error::NoDevice(format!("fallocate on inode {ino}, which is not a regular file")));
         }
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let (first_block, end_block) = (offset / bs, end.div_ceil(bs));
         let to_allocate = if punch { 0 } else { self.unmapped_blocks(ino, first_block, end_block)? };
         if !punch {
-            self.ensure_space(to_allocate + TREE_SPACE_BLOCKS)?;
+            self.alloc.ensure_space(to_allocate + TREE_SPACE_BLOCKS)?;
         }
         let grows = !punch && mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.i_size;
         let mut tx = self.begin(32)?;
@@ -81,7 +81,7 @@ impl Filesystem {
                 if from < to && from < inode.i_size {
                     if let MapKind::Mapped(p) = self.map_blocks(ino, &inode, from / bs, 1)?.kind {
                         let bytes = (to.min(inode.i_size) - from) as usize;
-                        self.cache.device().write_at(p * bs + from % bs, &vec![0u8; bytes])?;
+                        self.vol.cache.device().write_at(p * bs + from % bs, &vec![0u8; bytes])?;
                     }
                 }
             }
@@ -131,7 +131,7 @@ impl Filesystem {
     /// as the allocation got). Running out of space part-way keeps what was
     /// allocated and reports ENOSPC; nothing is left half-inserted or unowned.
     fn preallocate(&self, ino: u32, first: u64, end: u64, grow_to: Option<u64>) -> Result<()> {
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let mut lblk = first;
         let mut goal = self.inode_goal(ino);
         while lblk < end {
@@ -185,15 +185,15 @@ impl Filesystem {
         // and a new root level.
         let depth = crate::format::extent::ExtentHeader::parse(&inode.i_block).eh_depth as u64;
         let tree_worst = depth + 2;
-        let spare = self.allocatable_blocks().saturating_sub(self.reserved_blocks() + tree_worst);
+        let spare = self.alloc.allocatable_blocks().saturating_sub(self.alloc.reserved_blocks() + tree_worst);
         if spare == 0 {
             return Err(Error::NoSpace(format!("preallocating inode {ino}: the disk filled at logical block {lblk}")));
         }
         let want = m.len.min(crate::format::extent::EXT_UNWRITTEN_MAX_LEN as u64).min(spare) as u32;
-        let (p, got) = self.alloc_blocks(tx, *goal, want)?;
+        let (p, got) = self.alloc.alloc_blocks(tx, *goal, want)?;
         if let Err(e) = self.extent_append_unwritten(tx, ino, inode, lblk, p, got) {
             // The tree is as it was: the data blocks go back.
-            self.free_blocks_range(tx, p, got as u64)?;
+            self.alloc.free_blocks_range(tx, p, got as u64)?;
             return Err(e);
         }
         *goal = p + got as u64;
@@ -210,7 +210,7 @@ impl Filesystem {
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(Some(if data { offset } else { inode.i_size }));
         }
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let mut lblk = offset / bs;
         let last = inode.i_size.div_ceil(bs);
         while lblk < last {
@@ -230,9 +230,9 @@ impl Filesystem {
     /// its length), and without huge_file no more than a 32-bit i_blocks of
     /// 512-byte sectors can count.
     pub fn max_file_size(&self) -> u64 {
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let by_extents = ((1u64 << 32) - 1) * bs;
-        if self.geo.huge_file {
+        if self.vol.geo.huge_file {
             return by_extents;
         }
         let by_i_blocks = ((1u64 << 32) - 1) / (bs / 512) * bs;
@@ -244,10 +244,10 @@ impl Filesystem {
     /// indirect pointer reach, less what i_blocks (48-bit with huge_file, else
     /// 32-bit, in sectors) can count once the map's own blocks are included.
     pub fn max_block_mapped_size(&self) -> u64 {
-        let bs = self.geo.block_size as u64;
+        let bs = self.vol.geo.block_size as u64;
         let per = bs / 4;
         let sectors = bs / 512;
-        let i_blocks_limit = if self.geo.huge_file { (1u64 << 48) - 1 } else { ((1u64 << 32) - 1) / sectors };
+        let i_blocks_limit = if self.vol.geo.huge_file { (1u64 << 48) - 1 } else { ((1u64 << 32) - 1) / sectors };
         let reach = 12 + per + per * per + per * per * per;
         let map_blocks = 1 + (1 + per) + (1 + per + per * per);
         let blocks = if reach + map_blocks <= i_blocks_limit {
