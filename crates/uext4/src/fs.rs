@@ -411,6 +411,14 @@ impl Filesystem {
         self.vol.errors.has_failed()
     }
 
+    /// Something outside the library (a frontend's bug, a panic between requests)
+    /// has left the filesystem's state in doubt: abort the journal, so nothing
+    /// not yet committed becomes durable, and enter the error state, as the
+    /// kernel does when a filesystem path hits a bug.
+    pub fn fail(&self, why: &str) {
+        self.vol.fail_operation(why);
+    }
+
     /// Starts a handle for a change touching up to `credits` metadata blocks (see
     /// journal/handle.rs). Outside any handle, when space is short and blocks freed
     /// by uncommitted transactions would relieve it, their commit lands first.
@@ -616,6 +624,14 @@ impl Drop for Filesystem {
         if !self.is_read_only() {
             if let Err(e) = self.sync() {
                 eprintln!("uext4: writing back on close failed: {e}");
+            }
+        } else if !self.vol.opened_read_only() && self.vol.journal().is_none() {
+            // An error made a filesystem without a journal read-only. There is no
+            // log to keep changes whole, so, as the kernel's write-back does, what
+            // was changed before the error still goes home (acknowledged work is
+            // not dropped); the superblock records the error, so e2fsck runs next.
+            if let Err(e) = self.vol.cache.flush() {
+                eprintln!("uext4: writing back on close after an error failed: {e}");
             }
         }
         self.vol.stop_threads();

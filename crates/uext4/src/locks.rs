@@ -25,6 +25,20 @@ impl LockTable {
         Held { table: self, key, guard: Some(Mutex::lock_arc(&m)) }
     }
 
+    /// Takes the lock of `key` only if nobody holds it.
+    pub fn try_lock(&self, key: u64) -> Option<Held<'_>> {
+        let m = self.locks.lock().entry(key).or_default().clone();
+        match Mutex::try_lock_arc(&m) {
+            Some(guard) => Some(Held { table: self, key, guard: Some(guard) }),
+            None => {
+                // Not held by us: dropping this unheld entry removes it from the map
+                // once nobody else holds or waits for it.
+                drop(Held { table: self, key, guard: None });
+                None
+            }
+        }
+    }
+
     /// Locks every distinct key, in ascending order.
     pub fn lock_many(&self, keys: &[u64]) -> Vec<Held<'_>> {
         let mut keys = keys.to_vec();

@@ -14,6 +14,7 @@
 mod oracle;
 
 use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -341,9 +342,34 @@ fn errors_continue_and_remount_ro_without_a_journal() {
         assert!(state.contains("with errors"), "{errors:?}: dumpe2fs says {state}");
         let count: u32 = oracle::dumpe2fs_field(&image, "FS Error count").unwrap().parse().unwrap();
         assert!(count >= 1, "{errors:?}");
+        // Without a journal nothing keeps changes whole: as the kernel's write-back,
+        // what was changed before the error reaches the disk at close — the
+        // acknowledged create above is not dropped — and so do the two blocks
+        // the failed write took. e2fsck (which the error record forces) finds
+        // those leaked blocks and summary counts not brought up to date, nothing else.
+        let listing = oracle::run(Command::new("debugfs").arg("-R").arg("ls -l /").arg(&image));
+        assert!(listing.split_whitespace().any(|w| w == "f"), "{errors:?}: the created file is lost:\n{listing}");
+        let out = Command::new("e2fsck").arg("-fn").arg(&image).output().unwrap();
+        let report = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let unexpected: Vec<&str> = report
+            .lines()
+            .filter(|l| {
+                let l = l.trim();
+                !(l.is_empty()
+                    || l.starts_with("Pass ")
+                    || l.starts_with("e2fsck ")
+                    || l.contains(" files (")
+                    || l.starts_with("Block bitmap differences:")
+                    || l.starts_with("Free blocks count wrong")
+                    || l.starts_with("Free inodes count wrong (")
+                    || l.starts_with("Fix? no")
+                    || l.contains("WARNING: Filesystem still has errors"))
+            })
+            .collect();
+        assert!(unexpected.is_empty(), "{errors:?}: e2fsck -fn finds more than the leaked blocks:\n{report}");
         if read_only {
-            // Nothing half-done reached the disk: only the error record did.
-            oracle::assert_e2fsck_clean(&image);
+            let leaked: usize = report.lines().filter(|l| l.starts_with("Block bitmap differences:")).count();
+            assert_eq!(leaked, 1, "{errors:?}: the failed write's blocks are the only damage:\n{report}");
         }
     }
 }

@@ -105,14 +105,11 @@ impl Filesystem {
         if self.lookup(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        // The parent's inode lock comes before the handle (see journal/handle.rs);
-        // the new inode's after it is safe: nobody can hold the lock of an inode
-        // that was free a moment ago while waiting to begin a handle.
+        // The parent's inode lock comes before the handle (see journal/handle.rs).
         let _parent_lock = self.inode_locks.lock(parent as u64);
         self.ensure_space_for_name(parent, name, init_blocks)?;
         let mut tx = self.begin(8)?;
-        let ino = self.alloc.alloc_inode(&mut tx, parent, is_dir)?;
-        let _inode_lock = self.inode_locks.lock(ino as u64);
+        let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, parent, is_dir)?;
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
@@ -126,6 +123,35 @@ impl Filesystem {
         self.write_inode(&mut tx, parent, &dir)?;
         tx.finish()?;
         self.stat(ino)
+    }
+
+    /// Allocates an inode for a new file under `tx` and takes its lock. That lock
+    /// comes after the handle, against the lock order, so it is never waited for:
+    /// the lock of an inode that was free is held only by a caller with a stale
+    /// inode number, who may be waiting to begin a handle — that is, for this
+    /// handle's transaction to close. Such an inode is passed over (kept taken
+    /// until another is found, then given back).
+    ///
+    /// # Errors
+    /// `NoSpace` without a free inode; `Busy` when many in a row are locked.
+    fn alloc_inode_locked(&self, tx: &mut Handle, parent: u32, is_dir: bool) -> Result<(u32, crate::locks::Held<'_>)> {
+        const TRIES: usize = 16;
+        let mut passed_over = Vec::new();
+        let mut found = None;
+        for _ in 0..TRIES {
+            let ino = self.alloc.alloc_inode(tx, parent, is_dir)?;
+            match self.inode_locks.try_lock(ino as u64) {
+                Some(held) => {
+                    found = Some((ino, held));
+                    break;
+                }
+                None => passed_over.push(ino),
+            }
+        }
+        for ino in passed_over {
+            self.alloc.free_inode(tx, ino, is_dir)?;
+        }
+        found.ok_or_else(|| Error::Busy(format!("{TRIES} free inodes in a row are locked by callers")))
     }
 
     /// Refuses, before any change, a new `name` in `dir` plus `blocks` more that the
@@ -424,5 +450,41 @@ impl Filesystem {
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
         self.stat(ino)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::dev::MemDevice;
+    use crate::mkfs::{make, MkfsOptions};
+    use crate::{Filesystem, Options, Owner, ROOT_INO};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A library caller holding the lock of a stale (free) inode number, perhaps
+    /// waiting to begin a handle, must not stall a create that draws that number:
+    /// the create would hold its handle open while waiting for the lock.
+    #[test]
+    fn a_create_passes_over_a_free_inode_whose_lock_a_stale_caller_holds() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 16 << 20]));
+        make(dev.as_ref(), &MkfsOptions { size: 16 << 20, ..MkfsOptions::default() }, true).unwrap();
+        let fs = Arc::new(Filesystem::open_device(dev, Options { read_only: false, ..Options::default() }).unwrap());
+        let owner = Owner { uid: 0, gid: 0 };
+        let first = fs.create(ROOT_INO, b"first", 0o644, owner).unwrap().ino;
+        // Inodes are handed out in order from the parent's group: the next is free.
+        let next = first + 1;
+        let stale = fs.inode_locks.lock(next as u64);
+        let (done, result) = std::sync::mpsc::channel();
+        let creator = fs.clone();
+        std::thread::spawn(move || done.send(creator.create(ROOT_INO, b"second", 0o644, owner)).unwrap());
+        let second = result
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the create waited for the lock of a free inode")
+            .unwrap();
+        assert_ne!(second.ino, next);
+        drop(stale);
+        let third = fs.create(ROOT_INO, b"third", 0o644, owner).unwrap();
+        assert_eq!(third.ino, next, "the inode passed over was given back");
+        assert_eq!(fs.lookup(ROOT_INO, b"second").unwrap(), Some(second.ino));
     }
 }
