@@ -120,6 +120,10 @@ pub struct Filesystem {
     pub(crate) dir_locks: crate::locks::LockTable,
     /// Inode locks (level 3), by inode number.
     pub(crate) inode_locks: crate::locks::LockTable,
+    /// Directory structure locks (level 5), by directory inode: read to look up or
+    /// list, write to change the directory's blocks, index or size, so that no
+    /// reader sees a split or a conversion half made (dir/mod.rs).
+    pub(crate) dir_structure: crate::locks::RwLockTable,
 }
 
 /// What the journal sees of the filesystem (`JournalOwner`): the superblock, the
@@ -310,6 +314,7 @@ impl Filesystem {
             rename_lock: Mutex::new(()),
             dir_locks: crate::locks::LockTable::default(),
             inode_locks: crate::locks::LockTable::default(),
+            dir_structure: crate::locks::RwLockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inode_cache_shard_capacity: shard_capacity,
             replayed_journal_blocks,

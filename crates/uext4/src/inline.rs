@@ -28,7 +28,7 @@ impl Filesystem {
     /// Moves an inline file's or directory's contents into a block, as the kernel does
     /// when inline space runs out: afterwards the ordinary block paths apply. The
     /// system.data attribute goes and the inline flag is cleared. The caller holds
-    /// the inode's lock (or owns the inode).
+    /// the inode's lock (or owns the inode), and a directory's structure lock for writing.
     pub(crate) fn uninline(&self, tx: &mut crate::journal::handle::Handle, ino: u32) -> Result<()> {
         use crate::format::dirent::{self, EXT4_FT_DIR};
         use crate::format::inode::{EXT4_EXTENTS_FL, EXT4_INLINE_DATA_FL};
@@ -39,7 +39,7 @@ impl Filesystem {
         let bs = self.vol.geo.block_size;
         let mut block = vec![0u8; bs];
         let size = if inode.is_dir() {
-            let entries = self.read_dir(ino)?;
+            let entries = self.read_dir_locked(ino)?;
             let tail = if self.vol.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
             let ft = if self.vol.geo.has_filetype { EXT4_FT_DIR } else { 0 };
             let mut off = 0;

@@ -1,16 +1,54 @@
-//! A table of locks created on demand and dropped when no one holds or waits for
+//! Tables of locks created on demand and dropped when no one holds or waits for
 //! them: one lock per inode (or per directory) without a lock per inode in memory.
+//! `LockTable` holds mutexes, `RwLockTable` reader-writer locks (a directory's
+//! structure lock).
 //!
-//! Callers that take several must take them in ascending key order (DESIGN.md's
-//! lock order); `lock_many` does that for them.
+//! The map from key to lock is split over shards by key, so operations on
+//! different inodes do not meet on one mutex just to find their lock.
+//!
+//! Callers that take several must take them in ascending key order (the lock order
+//! of docs/ARCHITECTURE.md); `lock_many` and `write_many` do that for them.
 
-use parking_lot::{ArcMutexGuard, Mutex, RawMutex};
+use parking_lot::{ArcMutexGuard, ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawMutex, RawRwLock, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+const SHARDS: usize = 64;
+
+/// Locks of type `L`, one per key in use, in shards.
+struct Shards<L> {
+    shards: Vec<Mutex<HashMap<u64, Arc<L>>>>,
+}
+
+impl<L: Default> Default for Shards<L> {
+    fn default() -> Shards<L> {
+        Shards { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+    }
+}
+
+impl<L: Default> Shards<L> {
+    fn shard(&self, key: u64) -> &Mutex<HashMap<u64, Arc<L>>> {
+        // Keys are inode numbers: consecutive ones land in different shards.
+        &self.shards[(key % SHARDS as u64) as usize]
+    }
+
+    fn get(&self, key: u64) -> Arc<L> {
+        self.shard(key).lock().entry(key).or_default().clone()
+    }
+
+    /// The caller dropped its hold on `key`'s lock (and its clone of the `Arc`):
+    /// the entry goes when only the map's own reference is left.
+    fn release(&self, key: u64) {
+        let mut map = self.shard(key).lock();
+        if map.get(&key).is_some_and(|m| Arc::strong_count(m) == 1) {
+            map.remove(&key);
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct LockTable {
-    locks: Mutex<HashMap<u64, Arc<Mutex<()>>>>,
+    locks: Shards<Mutex<()>>,
 }
 
 pub struct Held<'a> {
@@ -21,19 +59,19 @@ pub struct Held<'a> {
 
 impl LockTable {
     pub fn lock(&self, key: u64) -> Held<'_> {
-        let m = self.locks.lock().entry(key).or_default().clone();
+        let m = self.locks.get(key);
         Held { table: self, key, guard: Some(Mutex::lock_arc(&m)) }
     }
 
     /// Takes the lock of `key` only if nobody holds it.
     pub fn try_lock(&self, key: u64) -> Option<Held<'_>> {
-        let m = self.locks.lock().entry(key).or_default().clone();
-        match Mutex::try_lock_arc(&m) {
+        let m = self.locks.get(key);
+        let guard = Mutex::try_lock_arc(&m);
+        drop(m);
+        match guard {
             Some(guard) => Some(Held { table: self, key, guard: Some(guard) }),
             None => {
-                // Not held by us: dropping this unheld entry removes it from the map
-                // once nobody else holds or waits for it.
-                drop(Held { table: self, key, guard: None });
+                self.locks.release(key);
                 None
             }
         }
@@ -50,12 +88,76 @@ impl LockTable {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let guard = self.guard.take();
-        drop(guard);
-        let mut map = self.table.locks.lock();
-        // Only the map's own reference left: nobody holds or waits for this lock.
-        if map.get(&self.key).is_some_and(|m| Arc::strong_count(m) == 1) {
-            map.remove(&self.key);
-        }
+        drop(self.guard.take());
+        self.table.locks.release(self.key);
+    }
+}
+
+/// Reader-writer locks by key.
+#[derive(Default)]
+pub struct RwLockTable {
+    locks: Shards<RwLock<()>>,
+}
+
+enum RwGuard {
+    Read(#[allow(dead_code)] ArcRwLockReadGuard<RawRwLock, ()>),
+    Write(#[allow(dead_code)] ArcRwLockWriteGuard<RawRwLock, ()>),
+}
+
+/// A read or write hold on one key's lock.
+pub struct RwHeld<'a> {
+    table: &'a RwLockTable,
+    key: u64,
+    guard: Option<RwGuard>,
+}
+
+impl RwLockTable {
+    pub fn read(&self, key: u64) -> RwHeld<'_> {
+        let l = self.locks.get(key);
+        RwHeld { table: self, key, guard: Some(RwGuard::Read(RwLock::read_arc(&l))) }
+    }
+
+    pub fn write(&self, key: u64) -> RwHeld<'_> {
+        let l = self.locks.get(key);
+        RwHeld { table: self, key, guard: Some(RwGuard::Write(RwLock::write_arc(&l))) }
+    }
+
+    /// Write-locks every distinct key, in ascending order.
+    pub fn write_many(&self, keys: &[u64]) -> Vec<RwHeld<'_>> {
+        let mut keys = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.into_iter().map(|k| self.write(k)).collect()
+    }
+}
+
+impl Drop for RwHeld<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.table.locks.release(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_go_once_nobody_holds_or_waits() {
+        let table = LockTable::default();
+        let a = table.lock(7);
+        assert!(table.try_lock(7).is_none(), "held");
+        drop(a);
+        assert!(table.locks.shard(7).lock().is_empty(), "a free lock leaves no entry");
+        let b = table.try_lock(7).expect("free again");
+        drop(b);
+        let rw = RwLockTable::default();
+        let r1 = rw.read(3);
+        let r2 = rw.read(3);
+        drop((r1, r2));
+        let w = rw.write_many(&[9, 3, 9]);
+        assert_eq!(w.iter().map(|h| h.key).collect::<Vec<_>>(), [3, 9]);
+        drop(w);
+        assert!(rw.locks.shards.iter().all(|s| s.lock().is_empty()));
     }
 }

@@ -63,6 +63,7 @@ impl Filesystem {
     /// it may go in has room (an indexed directory's leaf for its hash, any block of
     /// a linear one). Inline directories answer true. Read-only.
     pub(crate) fn entry_needs_block(&self, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<bool> {
+        let _structure = self.dir_structure.read(dir as u64);
         if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(true);
         }

@@ -7,6 +7,16 @@
 //! else by its dirent tail. Lookup in an indexed directory walks the index by the
 //! name's hash, continuing into the next leaf while its hash says the collision
 //! chain goes on, as the kernel's `ext4_htree_next_block` does.
+//!
+//! Readers and writers of one directory meet on its structure lock
+//! (`Filesystem::dir_structure`): `lookup` and `read_dir` hold it for reading
+//! while they walk; a change of the directory's blocks (an entry added or
+//! removed, a leaf or index split, a linear or inline directory turned into
+//! another kind, the directory grown) holds it for writing from its first block
+//! change until the directory inode that maps the new blocks is written. So a
+//! reader never follows an index to a leaf that is not there yet, nor misses a
+//! name that a split is moving. Inside the dir layer nothing takes it: the
+//! namespace operations take it around their whole change (ns/change.rs).
 
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
@@ -104,7 +114,17 @@ impl Filesystem {
 
     /// Every entry of the directory, "." and ".." included, in on-disk order.
     pub fn read_dir(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
+        let _structure = self.dir_structure.read(ino as u64);
+        self.read_dir_locked(ino)
+    }
+
+    /// `read_dir` for a caller that holds the directory's structure lock.
+    pub(crate) fn read_dir_locked(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
         let inode = self.require_dir(ino)?;
+        if inode.i_links_count == 0 {
+            // Removed (its blocks may be freed already): as the kernel, ENOENT.
+            return Err(Error::NotFound(format!("directory inode {ino} has been removed")));
+        }
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             return self.read_inline_dir(ino, &inode);
         }
@@ -167,7 +187,10 @@ impl Filesystem {
     /// inode referenced"): serving it would let its blocks be used twice, and its
     /// last close free it again.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
-        let found = self.lookup_entry(dir, name)?;
+        let found = {
+            let _structure = self.dir_structure.read(dir as u64);
+            self.lookup_entry(dir, name)?
+        };
         if let Some(ino) = found {
             // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
             let first_ino = self.vol.sb.read().first_ino();
@@ -192,6 +215,10 @@ impl Filesystem {
 
     fn lookup_entry(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let inode = self.require_dir(dir)?;
+        if inode.i_links_count == 0 {
+            // A removed directory holds no names (and its blocks may be freed).
+            return Ok(None);
+        }
         // As the kernel's ext4_lookup: no such name can exist, and saying so differs
         // from "not found".
         if name.len() > crate::format::dirent::EXT4_NAME_LEN {

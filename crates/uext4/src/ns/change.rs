@@ -4,7 +4,9 @@
 //!
 //! Locks, in docs/ARCHITECTURE.md's order: the parent directory's name lock, then
 //! the inode locks of every inode changed, in ascending inode number, then the
-//! transaction handle. Every change runs in one handle and checks everything that
+//! transaction handle, then the structure lock of every directory whose blocks
+//! change (for writing, until its inode is written). A directory takes a new name
+//! only while linked, checked under its inode lock. Every change runs in one handle and checks everything that
 //! can refuse it (names, limits, space, what it will free) before its first
 //! `tx.dirty`: a handle that fails after that aborts the journal (see
 //! journal/handle.rs). Directories of every kind are changed through `dir`
@@ -79,6 +81,18 @@ impl Filesystem {
         i
     }
 
+    /// A directory that an rmdir or a rename over it removed while the caller
+    /// waited for its locks takes no new names (the kernel's IS_DEADDIR check:
+    /// ENOENT). The caller holds the directory's inode lock, which every removal
+    /// holds while it checks that the directory is empty and unlinks it, so the
+    /// answer stays true until the caller's change is made.
+    pub(crate) fn require_live_dir(&self, dir: u32) -> Result<()> {
+        if self.inode(dir)?.i_links_count == 0 {
+            return Err(Error::NotFound(format!("directory inode {dir} has been removed")));
+        }
+        Ok(())
+    }
+
     fn touch_dir(inode: &mut Inode) {
         let t = now();
         inode.i_mtime = t;
@@ -107,12 +121,16 @@ impl Filesystem {
         }
         // The parent's inode lock comes before the handle (see journal/handle.rs).
         let _parent_lock = self.inode_locks.lock(parent as u64);
+        self.require_live_dir(parent)?;
         self.ensure_space_for_name(parent, name, init_blocks)?;
         let mut tx = self.begin(8)?;
         let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, parent, is_dir)?;
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
+        // From the first change of the parent's blocks until its inode (which maps
+        // them) is written, lookups and listings of it wait (dir/mod.rs).
+        let _structure = self.dir_structure.write(parent as u64);
         self.uninline(&mut tx, parent)?;
         let parent_inode = self.inode(parent)?;
         let mut dir = self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(mode))?;
@@ -280,8 +298,10 @@ impl Filesystem {
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
+        self.require_live_dir(parent)?;
         self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
+        let _structure = self.dir_structure.write(parent as u64);
         self.uninline(&mut tx, parent)?;
         let parent_inode = self.inode(parent)?;
         let mut dir =
@@ -341,6 +361,10 @@ impl Filesystem {
             self.check_releasable(ino, &inode)?;
         }
         let mut tx = self.begin(10)?;
+        // The parent's blocks change; a removed directory's are freed: readers of
+        // either wait, then find the name gone or the directory removed.
+        let changed: Vec<u64> = [parent, ino].into_iter().take(if want_dir { 2 } else { 1 }).map(u64::from).collect();
+        let _structure = self.dir_structure.write_many(&changed);
         self.uninline(&mut tx, parent)?;
         let parent_inode = self.inode(parent)?;
         self.remove_entry(&mut tx, parent, &parent_inode, name)?;

@@ -103,25 +103,29 @@ impl Filesystem {
         if cross && exchange && dst_is_dir && self.is_within(src_dir, dst.unwrap())? {
             return Err(Error::Invalid(format!("cannot move directory {} into itself", shown(dst_name))));
         }
-        if !exchange {
-            if let Some(d) = dst {
-                match (src_is_dir, dst_is_dir) {
-                    (false, true) => return Err(Error::IsADirectory(shown(dst_name))),
-                    (true, false) => return Err(Error::NotADirectory(shown(dst_name))),
-                    (true, true) if self.read_dir(d)?.iter().any(|e| e.name != b"." && e.name != b"..") => {
-                        return Err(Error::NotEmpty(shown(dst_name)));
-                    }
-                    _ => {}
-                }
+        if !exchange && dst.is_some() {
+            match (src_is_dir, dst_is_dir) {
+                (false, true) => return Err(Error::IsADirectory(shown(dst_name))),
+                (true, false) => return Err(Error::NotADirectory(shown(dst_name))),
+                _ => {}
+            }
+        }
+        let mut keys = vec![src_dir as u64, dst_dir as u64, src as u64];
+        keys.extend(dst.map(|d| d as u64));
+        let _inode_locks = self.inode_locks.lock_many(&keys);
+        // Under the inode locks: a create into the directory being replaced holds
+        // its inode lock while adding the name, so it is empty now stays true, and
+        // one waiting behind us finds it removed (`require_live_dir`).
+        self.require_live_dir(dst_dir)?;
+        if let (false, Some(d), true) = (exchange, dst, dst_is_dir) {
+            if self.read_dir(d)?.iter().any(|e| e.name != b"." && e.name != b"..") {
+                return Err(Error::NotEmpty(shown(dst_name)));
             }
         }
         // A replaced inode may be freed: damage in what that frees refuses the rename first.
         if let (false, Some(d)) = (exchange, dst) {
             self.check_releasable(d, &*self.inode(d)?)?;
         }
-        let mut keys = vec![src_dir as u64, dst_dir as u64, src as u64];
-        keys.extend(dst.map(|d| d as u64));
-        let _inode_locks = self.inode_locks.lock_many(&keys);
 
         // Only a new name can need a block (an existing one is repointed in place),
         // unless an inline directory must first move to a block.
@@ -136,9 +140,19 @@ impl Filesystem {
             self.ensure_space_for_name(dst_dir, dst_name, 0)?;
         }
         let mut tx = self.begin(24)?;
+        // Every directory whose blocks may change (the parents, and moved or
+        // replaced directories: their ".." and inline conversion), write-locked in
+        // ascending order until their inodes are written (dir/mod.rs).
+        let changed_dirs: Vec<u64> = [src_dir, dst_dir]
+            .into_iter()
+            .chain(src_is_dir.then_some(src))
+            .chain(dst.filter(|_| dst_is_dir))
+            .map(u64::from)
+            .collect();
+        let _structure = self.dir_structure.write_many(&changed_dirs);
         // Inline directories become block directories before their entries change.
-        for ino in [src_dir, dst_dir].into_iter().chain(src_is_dir.then_some(src)).chain(dst.filter(|_| dst_is_dir)) {
-            self.uninline(&mut tx, ino)?;
+        for &ino in &changed_dirs {
+            self.uninline(&mut tx, ino as u32)?;
         }
         let mut parents = Parents(vec![(src_dir, (*self.inode(src_dir)?).clone())]);
         if cross {

@@ -1,0 +1,227 @@
+//! Readers and writers in one directory at once.
+//!
+//! Writers create, rename and unlink names in one directory, through its turn from
+//! one linear block into an htree and through many leaf and index splits; readers
+//! meanwhile look up and list names that exist for the whole run. No lookup may
+//! miss one, none may fail, and every listing holds each of them exactly once.
+//! Then e2fsck -fn must be silent and the kernel's listing must equal what the
+//! writers say they left.
+//!
+//! Also the check-then-lock races of the namespace: a create racing the rmdir of
+//! its directory, and a create racing a rename over its directory, never leave a
+//! name in a removed directory.
+//!
+//! `UEXT4_DIR_RACE_LOOKUPS` sets the lookups per block size (default 500,000).
+
+mod oracle;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use uext4::{Error, Filesystem, Options, Owner, ROOT_INO};
+
+const ROOT: Owner = Owner { uid: 0, gid: 0 };
+const STABLE: usize = 24;
+const READERS: usize = 2;
+
+fn writable() -> Options {
+    Options { read_only: false, ..Options::default() }
+}
+
+fn stable_name(i: usize) -> Vec<u8> {
+    format!("stable-{i:03}").into_bytes()
+}
+
+/// One writer's names, created with a long common prefix so that leaves fill fast.
+fn churn_name(w: usize, round: u64, i: usize) -> Vec<u8> {
+    format!("churn-w{w}-r{round}-{i:06}-padding-to-fill-leaves-sooner").into_bytes()
+}
+
+fn lookups_wanted() -> u64 {
+    std::env::var("UEXT4_DIR_RACE_LOOKUPS").ok().and_then(|v| v.parse().ok()).unwrap_or(500_000)
+}
+
+/// Readers look up and list the stable names until `stop`; returns (lookups,
+/// listings, failures described).
+fn reader(
+    fs: Arc<Filesystem>,
+    dir: u32,
+    want: Vec<(Vec<u8>, u32)>,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+) -> (u64, u64, Vec<String>) {
+    let mut failures = Vec::new();
+    let (mut lookups, mut listings) = (0u64, 0u64);
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) && failures.len() < 20 {
+        let (name, ino) = &want[i % want.len()];
+        match fs.lookup(dir, name) {
+            Ok(Some(found)) if found == *ino => {}
+            other => failures.push(format!("lookup of {}: {other:?}", String::from_utf8_lossy(name))),
+        }
+        lookups += 1;
+        i += 1;
+        if i.is_multiple_of(64) {
+            count.fetch_add(64, Ordering::Relaxed);
+        }
+        if i.is_multiple_of(5_000) {
+            match fs.read_dir(dir) {
+                Ok(entries) => {
+                    for (name, ino) in &want {
+                        let n = entries.iter().filter(|e| &e.name == name).count();
+                        if n != 1 || !entries.iter().any(|e| &e.name == name && e.ino == *ino) {
+                            failures.push(format!("listing holds {} {n} times", String::from_utf8_lossy(name)));
+                        }
+                    }
+                    let mut names = BTreeSet::new();
+                    for e in &entries {
+                        if !names.insert(e.name.clone()) {
+                            failures.push(format!("listing holds {} twice", String::from_utf8_lossy(&e.name)));
+                        }
+                    }
+                }
+                Err(e) => failures.push(format!("read_dir: {e}")),
+            }
+            listings += 1;
+        }
+    }
+    (lookups, listings, failures)
+}
+
+fn lookups_never_miss_during_splits(block_size: u32) {
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    let status = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", &block_size.to_string(), "-N", "200000"])
+        .arg(&image)
+        .arg("400M")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let fs = Arc::new(Filesystem::open(&image, writable()).unwrap());
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+    let want: Vec<(Vec<u8>, u32)> =
+        (0..STABLE).map(|i| (stable_name(i), fs.create(dir, &stable_name(i), 0o644, ROOT).unwrap().ino)).collect();
+    assert_eq!(fs.stat(dir).unwrap().size, block_size as u64, "the directory starts as one linear block");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let (fs, want, stop, count) = (fs.clone(), want.clone(), stop.clone(), count.clone());
+            std::thread::spawn(move || reader(fs, dir, want, stop, count))
+        })
+        .collect();
+    // One writer: rounds of creating names, renaming every 7th and unlinking every
+    // 5th, until the readers have done their lookups. Each round starts from the
+    // directory as the last one left it, so splits go on.
+    let wanted = lookups_wanted();
+    let mut left = BTreeSet::new();
+    let mut round = 0u64;
+    let mut splits_seen = 0;
+    while count.load(Ordering::Relaxed) < wanted || round == 0 {
+        for i in 0..6_000 {
+            let name = churn_name(0, round, i);
+            fs.create(dir, &name, 0o644, ROOT).unwrap();
+            left.insert(name.clone());
+            if i % 7 == 6 {
+                let to = [name.as_slice(), b"-renamed"].concat();
+                fs.rename(dir, &name, dir, &to, 0).unwrap();
+                left.remove(&name);
+                left.insert(to);
+            } else if i % 5 == 4 {
+                fs.unlink(dir, &name).unwrap();
+                left.remove(&name);
+            }
+        }
+        splits_seen = fs.stat(dir).unwrap().size / block_size as u64;
+        round += 1;
+        assert!(round < 200, "the readers made too little progress");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (mut lookups, mut listings, mut failures) = (0, 0, Vec::new());
+    for r in readers {
+        let (l, n, f) = r.join().expect("a reader panicked");
+        lookups += l;
+        listings += n;
+        failures.extend(f);
+    }
+    eprintln!(
+        "{block_size}-byte blocks: {lookups} lookups and {listings} listings during {round} rounds \
+         ({} names left, directory of {splits_seen} blocks)",
+        left.len()
+    );
+    assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(lookups >= wanted, "{lookups} lookups");
+    assert!(splits_seen > 100, "the directory grew to only {splits_seen} blocks");
+    drop(fs);
+
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    let seen: BTreeSet<Vec<u8>> =
+        std::fs::read_dir(m.dir.join("d")).unwrap().map(|e| e.unwrap().file_name().into_encoded_bytes()).collect();
+    let expect: BTreeSet<Vec<u8>> = left.into_iter().chain(want.into_iter().map(|(n, _)| n)).collect();
+    assert_eq!(seen.len(), expect.len());
+    assert!(seen == expect, "the kernel's listing differs from what the writer left");
+    m.unmount();
+}
+
+#[test]
+fn lookups_never_miss_during_splits_1k() {
+    if oracle::require_e2fsprogs() && oracle::require_loop() {
+        lookups_never_miss_during_splits(1024);
+    }
+}
+
+#[test]
+fn lookups_never_miss_during_splits_4k() {
+    if oracle::require_e2fsprogs() && oracle::require_loop() {
+        lookups_never_miss_during_splits(4096);
+    }
+}
+
+/// A create into a directory that an rmdir or a rename over it removes at the
+/// same moment: either the create comes first (and the removal then fails with
+/// ENOTEMPTY) or it fails with ENOENT. Never both succeed.
+#[test]
+fn a_create_never_lands_in_a_removed_directory() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    uext4::mkfs::mkfs(&image, &uext4::mkfs::MkfsOptions { size: 64 << 20, ..Default::default() }).unwrap();
+    let fs = Arc::new(Filesystem::open(&image, writable()).unwrap());
+    let (mut created, mut removed) = (0, 0);
+    for round in 0..300 {
+        let victim = format!("victim-{round}").into_bytes();
+        let dir = fs.mkdir(ROOT_INO, &victim, 0o755, ROOT).unwrap().ino;
+        let by_rename = round % 2 == 1;
+        let other = format!("other-{round}").into_bytes();
+        if by_rename {
+            fs.mkdir(ROOT_INO, &other, 0o755, ROOT).unwrap();
+        }
+        let start = Arc::new(Barrier::new(2));
+        let creator = {
+            let (fs, start) = (fs.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                fs.create(dir, b"late", 0o644, ROOT).map(|_| ())
+            })
+        };
+        start.wait();
+        let removal = match by_rename {
+            false => fs.rmdir(ROOT_INO, &victim),
+            true => fs.rename(ROOT_INO, &other, ROOT_INO, &victim, 0),
+        };
+        let create = creator.join().unwrap();
+        match (&create, &removal) {
+            (Ok(()), Err(Error::NotEmpty(_))) => created += 1,
+            (Err(Error::NotFound(_)), Ok(())) => removed += 1,
+            other => panic!("round {round} (rename: {by_rename}): create and removal gave {other:?}"),
+        }
+    }
+    eprintln!("{created} creates came first, {removed} removals came first");
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+}
