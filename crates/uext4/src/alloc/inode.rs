@@ -84,8 +84,21 @@ impl Allocator {
             return Err(Error::NoSpace("no free inodes".into()));
         }
         let first_ino = self.vol.sb.read().first_ino();
-        for g in self.policy.group_order(&self.vol, parent, is_dir) {
-            let mut gd_lock = self.vol.groups[g as usize].write();
+        let order = self.policy.group_order(&self.vol, parent, is_dir);
+        // Many creates in one directory all start at its group: one busy there
+        // tries the next group rather than queue (the policy's first choices are
+        // tried without waiting); only if every group is busy does it wait.
+        let busy_first = order.iter().map(|&g| (g, false));
+        let waiting_after = order.iter().map(|&g| (g, true));
+        for (g, wait) in busy_first.chain(waiting_after) {
+            let lock = &self.vol.groups[g as usize];
+            let mut gd_lock = match wait {
+                true => lock.write(),
+                false => match lock.try_write() {
+                    Some(l) => l,
+                    None => continue,
+                },
+            };
             if gd_lock.bg_free_inodes_count == 0 {
                 continue;
             }

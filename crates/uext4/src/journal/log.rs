@@ -83,6 +83,9 @@ pub(crate) struct Journal {
     /// The log itself: held by whoever writes it (the journal thread through a
     /// commit's I/O, a checkpoint), never by a handle.
     log: Mutex<LogState>,
+    /// How many revokes the running transaction holds (a copy of
+    /// `TxState::revokes.len()`, kept under the state lock, read without it).
+    revokes_pending: std::sync::atomic::AtomicUsize,
     /// Milliseconds (since `epoch`) when the running transaction got its first
     /// buffer; 0 while it is empty.
     running_since: AtomicU64,
@@ -290,6 +293,7 @@ impl Journal {
             }),
             wake: Condvar::new(),
             changed: Condvar::new(),
+            revokes_pending: std::sync::atomic::AtomicUsize::new(0),
             running_since: AtomicU64::new(0),
             epoch: Instant::now(),
             handle_waits: AtomicU64::new(0),
@@ -448,14 +452,20 @@ impl Journal {
         }
         let hits: Vec<u64> = blocks.filter(|b| st.in_log.contains(b)).collect();
         st.revokes.extend(hits);
+        self.revokes_pending.store(st.revokes.len(), Ordering::SeqCst);
     }
 
     /// A block joins the running transaction: it is journaled again, so an earlier
     /// revoke of it in this transaction no longer applies.
     fn cancel_revoke(&self, block: u64) {
+        // Almost always nothing is revoked: every handle's dirty then skips the
+        // state lock, which all of them would otherwise meet on.
+        if self.revokes_pending.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let mut st = self.state.lock();
-        if !st.revokes.is_empty() {
-            st.revokes.remove(&block);
+        if st.revokes.remove(&block) {
+            self.revokes_pending.store(st.revokes.len(), Ordering::SeqCst);
         }
     }
 
@@ -599,6 +609,7 @@ impl Journal {
             self.running_since.store(0, Ordering::Relaxed);
             let copies = self.cache.take_dirty();
             let revokes = std::mem::take(&mut st.revokes);
+            self.revokes_pending.store(0, Ordering::SeqCst);
             st.in_log.extend(copies.iter().map(|(b, _)| b.block));
             (tid, copies, revokes)
         };
