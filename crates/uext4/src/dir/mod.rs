@@ -112,6 +112,17 @@ impl Filesystem {
         })
     }
 
+    /// What reaching a directory with no links means. Any other directory with no
+    /// links was removed while someone still held it (its blocks may be freed
+    /// already): ENOENT, as the kernel's IS_DEADDIR checks answer. The root is
+    /// never removed, so a root without links is a damaged image.
+    pub(crate) fn removed_dir_error(ino: u32) -> Error {
+        if ino == crate::ns::ROOT_INO {
+            return Error::corrupt("root directory has links count 0", format!("inode {ino}"));
+        }
+        Error::NotFound(format!("directory inode {ino} has been removed"))
+    }
+
     /// Every entry of the directory, "." and ".." included, in on-disk order.
     pub fn read_dir(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
         let _structure = self.dir_structure.read(ino as u64);
@@ -122,8 +133,7 @@ impl Filesystem {
     pub(crate) fn read_dir_locked(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
         let inode = self.require_dir(ino)?;
         if inode.i_links_count == 0 {
-            // Removed (its blocks may be freed already): as the kernel, ENOENT.
-            return Err(Error::NotFound(format!("directory inode {ino} has been removed")));
+            return Err(Self::removed_dir_error(ino));
         }
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             return self.read_inline_dir(ino, &inode);
@@ -216,6 +226,9 @@ impl Filesystem {
     fn lookup_entry(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let inode = self.require_dir(dir)?;
         if inode.i_links_count == 0 {
+            if dir == crate::ns::ROOT_INO {
+                return Err(Self::removed_dir_error(dir));
+            }
             // A removed directory holds no names (and its blocks may be freed).
             return Ok(None);
         }

@@ -88,7 +88,7 @@ impl Filesystem {
     /// answer stays true until the caller's change is made.
     pub(crate) fn require_live_dir(&self, dir: u32) -> Result<()> {
         if self.inode(dir)?.i_links_count == 0 {
-            return Err(Error::NotFound(format!("directory inode {dir} has been removed")));
+            return Err(Self::removed_dir_error(dir));
         }
         Ok(())
     }
