@@ -321,7 +321,12 @@ fn serve_session(
     signals: libc::sigset_t,
 ) -> Result<()> {
     let read_only = config.opts.read_only;
-    let fs = Arc::new(Filesystem::open_device(Arc::new(dev), config.opts)?);
+    let dev: Arc<dyn BlockDevice> = match std::env::var_os("UEXT4_TEST_FLUSH_GATE") {
+        // Test hook: the device's flushes wait while this file exists.
+        Some(gate) => Arc::new(uext4::dev::GatedFlushDevice::new(Arc::new(dev), Some(gate.into()))),
+        None => Arc::new(dev),
+    };
+    let fs = Arc::new(Filesystem::open_device(dev, config.opts)?);
     if !read_only && fs.is_read_only() {
         return Err(Error::ReadOnly(format!(
             "{} can only be mounted read-only: {}",

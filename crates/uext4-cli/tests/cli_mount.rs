@@ -702,3 +702,92 @@ fn unlink_and_rename_over_then_directory_fsync_then_kill() {
         assert_e2fsck_clean(&theirs);
     }
 }
+
+#[test]
+fn creates_go_on_while_fsyncs_wait_for_a_flush() {
+    creates_beside_waiting_fsyncs(false);
+}
+
+#[test]
+fn creates_go_on_while_fsyncs_wait_for_a_flush_over_io_uring() {
+    creates_beside_waiting_fsyncs(true);
+}
+
+/// Four processes' fsyncs wait in the daemon, their commit's device flush held
+/// shut (the daemon's `UEXT4_TEST_FLUSH_GATE` hook: flushes wait while the gate
+/// file exists); meanwhile creates, writes and stats in another directory must
+/// all be answered. Before fsyncs were served off the transports' threads, four
+/// of them held every /dev/fuse worker (or a CPU's io_uring queue) and the
+/// creates waited with them.
+fn creates_beside_waiting_fsyncs(uring: bool) {
+    if !fuse_oracles() {
+        return;
+    }
+    let Some(options) = transport(uring) else { return };
+    // Two fsyncers on every CPU: over io_uring each CPU has its own queue,
+    // and every queue must have fsyncs waiting in it.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let fsyncers = 2 * cpus;
+    const CREATES: usize = 300;
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("gate.img");
+    mkfs(&image, "256M");
+    let gate = work.path().join("gate");
+    let m = UextMount::with_env(&image, options, &[("UEXT4_TEST_FLUSH_GATE", gate.as_os_str())]);
+    for t in 0..fsyncers {
+        fs::create_dir(m.dir.join(format!("sync{t}"))).unwrap();
+    }
+    fs::create_dir(m.dir.join("creates")).unwrap();
+    fs::write(&gate, b"").unwrap();
+    let fsyncing: Vec<_> = (0..fsyncers)
+        .map(|t| {
+            let path = m.dir.join(format!("sync{t}/file"));
+            std::thread::spawn(move || {
+                pin_to_cpu(t % cpus);
+                let f = File::create(&path).unwrap();
+                f.write_all_at(&[t as u8 + 1; 4096], 0).unwrap();
+                f.sync_all().unwrap();
+            })
+        })
+        .collect();
+    // Give the fsyncs time to reach the daemon (a settle, not a measurement:
+    // if they arrive later, they hold the transports all the same).
+    std::thread::sleep(Duration::from_millis(500));
+    let dir = m.dir.join("creates");
+    let creator = std::thread::spawn(move || {
+        for i in 0..CREATES {
+            let p = dir.join(format!("f{i:04}"));
+            fs::write(&p, i.to_le_bytes()).unwrap();
+            assert_eq!(fs::metadata(&p).unwrap().len(), 8);
+        }
+    });
+    // A hang detector, minutes beyond what the creates need.
+    let start = Instant::now();
+    while !creator.is_finished() && start.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stalled = !creator.is_finished();
+    let fsync_returned = fsyncing.iter().any(|f| f.is_finished());
+    // Open the gate before judging, so a failure still unmounts cleanly.
+    fs::remove_file(&gate).unwrap();
+    for f in fsyncing {
+        f.join().unwrap();
+    }
+    creator.join().unwrap();
+    assert!(!stalled, "creates stalled behind fsyncs waiting for a flush");
+    assert!(!fsync_returned, "an fsync returned while its commit's flush was held");
+    assert_transport(&m.dir, uring, CREATES as u64);
+    m.unmount();
+    assert_e2fsck_clean(&image);
+    let listing = run(Command::new("debugfs").args(["-R", "ls -l /creates"]).arg(&image));
+    assert_eq!(listing.lines().filter(|l| l.contains(" f0")).count(), CREATES, "{listing}");
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, applied to this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}

@@ -11,12 +11,14 @@
 
 pub mod abi;
 pub mod channel;
+pub mod deferred;
 pub mod ring;
 pub mod server;
 pub mod uring;
 
 use abi::{InHeader, Op, Payload};
 use channel::{Device, Received};
+use deferred::{Deferred, ReplyTo};
 use server::Uext4Fuse;
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
@@ -122,10 +124,13 @@ fn reply(dev: &Device, h: &InHeader, error: i32, payload: &[u8]) -> io::Result<(
     dev.send(&[IoSlice::new(&header), IoSlice::new(payload)])
 }
 
-/// Serves requests read from `dev` until the session ends.
-fn serve_device(server: &Uext4Fuse, dev: &Device) -> io::Result<()> {
+/// Serves requests read from `dev` until the session ends; those that wait on
+/// the journal go to `deferred`, which replies in their place.
+fn serve_device(server: &Uext4Fuse, dev: &Device, deferred: &Arc<Deferred>) -> io::Result<()> {
     let mut request = vec![0u8; REQUEST_BUFFER];
     let mut out = vec![0u8; REQUEST_BUFFER];
+    // Deferred replies must be written where their request was read.
+    let replies = Arc::new(dev.duplicate()?);
     loop {
         let n = match dev.receive(&mut request)? {
             Received::Request(n) => n,
@@ -133,6 +138,10 @@ fn serve_device(server: &Uext4Fuse, dev: &Device) -> io::Result<()> {
         };
         let Some(h) = InHeader::parse(&request[..n]) else { continue };
         server.count(false);
+        if deferred::defers(h.opcode) {
+            deferred.submit(h, ReplyTo::Device(replies.clone()));
+            continue;
+        }
         let body = &request[abi::IN_HEADER_LEN..n.min(h.len as usize).max(abi::IN_HEADER_LEN)];
         let split = abi::fixed_args_len(h.opcode).min(body.len());
         let (fixed, rest) = body.split_at(split);
@@ -158,10 +167,11 @@ pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: 
     let dev = Device::new(dev);
     let use_uring = handshake(&dev, config.uring)?;
     server.set_notifier(dev.duplicate()?);
+    let deferred = Deferred::new(server.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let rings = if use_uring {
         let payload_len = MAX_WRITE as usize;
-        uring::start(server.clone(), dev.raw(), payload_len, stop.clone(), config.abort.clone())?
+        uring::start(server.clone(), dev.raw(), payload_len, stop.clone(), config.abort.clone(), deferred.clone())?
     } else {
         Vec::new()
     };
@@ -174,7 +184,7 @@ pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: 
     // worker's own code ends that worker, and the others serve on until the
     // unmount, after which everything is written back all the same.
     let guarded = |server: &Uext4Fuse, d: &Device| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_device(server, d)))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_device(server, d, &deferred)))
             .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")))
     };
     let result = std::thread::scope(|s| {

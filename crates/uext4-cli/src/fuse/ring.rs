@@ -24,6 +24,7 @@ const IORING_OFF_SQES: i64 = 0x1000_0000;
 const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 const IORING_ENTER_EXT_ARG: u32 = 1 << 3;
 pub const IORING_OP_URING_CMD: u8 = 46;
+pub const IORING_OP_READ: u8 = 22;
 pub const SQE_LEN: usize = 128;
 
 /// `struct io_uring_params` (120 bytes); the offsets the kernel fills in are
@@ -278,6 +279,19 @@ pub fn uring_cmd(fd: i32, cmd_op: u32, addr: u64, len: u32, user_data: u64, cmd:
     sqe
 }
 
+/// A 128-byte IORING_OP_READ entry: `len` bytes from `fd` at its current
+/// position (offset -1: eventfds and pipes have none) into `addr`.
+pub fn read(fd: i32, addr: u64, len: u32, user_data: u64) -> [u8; SQE_LEN] {
+    let mut sqe = [0u8; SQE_LEN];
+    sqe[0] = IORING_OP_READ;
+    sqe[4..8].copy_from_slice(&fd.to_ne_bytes());
+    sqe[8..16].copy_from_slice(&u64::MAX.to_ne_bytes());
+    sqe[16..24].copy_from_slice(&addr.to_ne_bytes());
+    sqe[24..28].copy_from_slice(&len.to_ne_bytes());
+    sqe[32..40].copy_from_slice(&user_data.to_ne_bytes());
+    sqe
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +325,41 @@ mod tests {
             assert_eq!((c.user_data, c.res), (0xfeed, 0));
             assert!(ring.next_completion().is_none());
         }
+    }
+
+    /// A read of an eventfd completes when another thread writes it: how a
+    /// queue thread learns that the fsync pool posted a reply.
+    #[test]
+    fn an_eventfd_read_completes_when_written() {
+        let Ok(mut ring) = Ring::new(4) else {
+            assert!(std::env::var("UEXT4_REQUIRE_ORACLES").as_deref() != Ok("1"), "io_uring is not available");
+            eprintln!("SKIPPED: io_uring is not available here");
+            return;
+        };
+        // SAFETY: eventfd takes no pointers; checked below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        let mut buf = [0u8; 8];
+        ring.push(&read(fd, buf.as_mut_ptr() as u64, 8, 7)).unwrap();
+        ring.submit_and_wait(Duration::from_millis(50)).unwrap();
+        assert!(ring.next_completion().is_none(), "nothing written yet");
+        let writer = std::thread::spawn(move || {
+            let three = 3u64.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a local array to the eventfd.
+            unsafe { libc::write(fd, three.as_ptr().cast(), 8) };
+        });
+        let mut got = None;
+        for _ in 0..100 {
+            ring.submit_and_wait(Duration::from_millis(100)).unwrap();
+            got = ring.next_completion();
+            if got.is_some() {
+                break;
+            }
+        }
+        writer.join().unwrap();
+        let c = got.expect("the read completed");
+        assert_eq!((c.user_data, c.res, u64::from_ne_bytes(buf)), (7, 8, 3));
+        // SAFETY: fd is ours and no longer used.
+        unsafe { libc::close(fd) };
     }
 }

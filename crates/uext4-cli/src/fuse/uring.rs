@@ -14,9 +14,15 @@
 //! payload). A COMMIT_AND_FETCH submission returns a reply and offers the entry
 //! for the next request in one step. FORGETs and INTERRUPTs still come through
 //! /dev/fuse, which the session keeps reading.
+//!
+//! An fsync would hold the queue's only thread through a commit, and with it
+//! every request of that CPU: it goes to the fsync pool (`deferred`), its entry
+//! stays out of the ring, and the pool posts the reply to the queue's mailbox,
+//! whose eventfd the queue keeps a read pending on; the queue commits it then.
 
 use super::abi::{self, InHeader, Op, Payload};
-use super::ring::{uring_cmd, Ring};
+use super::deferred::{self, Deferred, ReplyTo, RingMailbox};
+use super::ring::{self, uring_cmd, Ring};
 use super::server::{is_root, Uext4Fuse};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,8 +39,13 @@ const ENT_COMMIT_ID_AT: usize = 256 + 8;
 const ENT_PAYLOAD_SZ_AT: usize = 256 + 16;
 
 /// Entries each queue offers the kernel: requests of one CPU that can be in
-/// flight at once (a caller waits for its own; background reads add more).
-const QUEUE_DEPTH: usize = 4;
+/// flight at once (a caller waits for its own; background reads add more, and
+/// an fsync holds its entry until its commit is on disk). Buffers are touched
+/// only as requests fill them, so idle entries cost address space, not memory.
+const QUEUE_DEPTH: usize = 8;
+
+/// The tag of the queue's pending eventfd read (entries' tags are their index).
+const MAILBOX_TAG: u64 = u64::MAX;
 
 /// How often an idle queue thread looks whether the session has ended.
 const IDLE_CHECK: Duration = Duration::from_millis(200);
@@ -127,12 +138,15 @@ pub fn serve_queue(
     qid: usize,
     payload_len: usize,
     stop: &AtomicBool,
+    deferred: &Arc<Deferred>,
 ) -> io::Result<()> {
     pin_to_cpu(qid);
     // The buffers first: the ring is dropped before them, so nothing the
     // kernel still holds can point at freed memory.
     let mut entries: Vec<Entry> = (0..QUEUE_DEPTH).map(|_| Entry::new(payload_len)).collect();
-    let mut ring = Ring::new((QUEUE_DEPTH * 2) as u32)?;
+    let mailbox = Arc::new(RingMailbox::new()?);
+    let mut wake_count = Box::new([0u8; 8]);
+    let mut ring = Ring::new((QUEUE_DEPTH * 2 + 2) as u32)?;
     let register = |ring: &mut Ring, e: &Entry, tag: usize| {
         let sqe = uring_cmd(
             dev_fd,
@@ -147,6 +161,10 @@ pub fn serve_queue(
     for (tag, e) in entries.iter().enumerate() {
         register(&mut ring, e, tag)?;
     }
+    let arm_mailbox = |ring: &mut Ring, count: &mut [u8; 8]| {
+        ring.push(&ring::read(mailbox.event_fd(), count.as_mut_ptr() as u64, 8, MAILBOX_TAG))
+    };
+    arm_mailbox(&mut ring, &mut wake_count)?;
     let mut live = QUEUE_DEPTH;
     let mut scratch = Vec::new();
     let mut small = [0u8; 64];
@@ -161,6 +179,20 @@ pub fn serve_queue(
         ring.submit_and_wait(IDLE_CHECK)?;
         let mut waking = false;
         while let Some(c) = ring.next_completion() {
+            if c.user_data == MAILBOX_TAG {
+                // Replies the fsync pool made: commit them, and listen again.
+                for (tag, h, error) in mailbox.take() {
+                    let Some(e) = entries.get_mut(tag) else { continue };
+                    abi::put_out_header(&mut e.header, abi::OUT_HEADER_LEN as u32, -error, h.unique);
+                    commit(&mut ring, e, dev_fd, tag, qid)?;
+                    waking = true;
+                }
+                if c.res < 0 && c.res != -libc::EINTR && c.res != -libc::EAGAIN {
+                    return Err(io::Error::from_raw_os_error(-c.res));
+                }
+                arm_mailbox(&mut ring, &mut wake_count)?;
+                continue;
+            }
             let tag = c.user_data as usize;
             let Some(e) = entries.get_mut(tag) else { continue };
             match -c.res {
@@ -188,19 +220,17 @@ pub fn serve_queue(
                 }
                 *n -= 1;
             }
-            let commit_id = u64::from_ne_bytes(e.header[ENT_COMMIT_ID_AT..ENT_COMMIT_ID_AT + 8].try_into().unwrap());
             let opcode = u32::from_ne_bytes(e.header[4..8].try_into().unwrap());
-            let reply_len = answer(server, e, &mut scratch, &mut small);
-            e.header[ENT_PAYLOAD_SZ_AT..ENT_PAYLOAD_SZ_AT + 4].copy_from_slice(&(reply_len as u32).to_ne_bytes());
-            let sqe = uring_cmd(
-                dev_fd,
-                FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
-                0,
-                0,
-                tag as u64,
-                &cmd_req(commit_id, qid as u16),
-            );
-            ring.push(&sqe)?;
+            if deferred::defers(opcode) {
+                if let Some(h) = InHeader::parse(&e.header) {
+                    server.count(true);
+                    // The entry stays ours until the pool's reply comes back.
+                    deferred.submit(h, ReplyTo::Ring { mailbox: mailbox.clone(), tag });
+                    continue;
+                }
+            }
+            answer(server, e, &mut scratch, &mut small);
+            commit(&mut ring, e, dev_fd, tag, qid)?;
             // Closes and readahead come in the background: nobody waits on
             // this CPU for them (and a sequential reader had better run on
             // another CPU while this one reads ahead for it).
@@ -223,10 +253,23 @@ pub fn serve_queue(
     Ok(())
 }
 
-/// Handles the request in `e` and leaves its reply there; returns the reply's
-/// payload length.
-fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut [u8; 64]) -> usize {
-    let Some(h) = InHeader::parse(&e.header) else { return 0 };
+/// Returns entry `tag`'s reply (already in its buffers) and offers the entry
+/// for the next request.
+fn commit(ring: &mut Ring, e: &mut Entry, dev_fd: i32, tag: usize, qid: usize) -> io::Result<()> {
+    let reply_len = u32::from_ne_bytes(e.header[0..4].try_into().unwrap()) as usize - abi::OUT_HEADER_LEN;
+    e.header[ENT_PAYLOAD_SZ_AT..ENT_PAYLOAD_SZ_AT + 4].copy_from_slice(&(reply_len as u32).to_ne_bytes());
+    let commit_id = u64::from_ne_bytes(e.header[ENT_COMMIT_ID_AT..ENT_COMMIT_ID_AT + 8].try_into().unwrap());
+    let sqe = uring_cmd(dev_fd, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, 0, 0, tag as u64, &cmd_req(commit_id, qid as u16));
+    ring.push(&sqe)
+}
+
+/// Handles the request in `e` and leaves its reply there (header and payload).
+fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut [u8; 64]) {
+    let Some(h) = InHeader::parse(&e.header) else {
+        // No request to answer: an empty reply with no unique the kernel knows.
+        abi::put_out_header(&mut e.header, abi::OUT_HEADER_LEN as u32, -libc::EIO, 0);
+        return;
+    };
     server.count(true);
     let payload_sz = u32::from_ne_bytes(e.header[ENT_PAYLOAD_SZ_AT..ENT_PAYLOAD_SZ_AT + 4].try_into().unwrap());
     let payload_sz = (payload_sz as usize).min(e.payload.len());
@@ -255,7 +298,6 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
     };
     let len = if error == 0 { len } else { 0 };
     abi::put_out_header(&mut e.header, (abi::OUT_HEADER_LEN + len) as u32, -error, h.unique);
-    len
 }
 
 /// Starts one pinned thread per possible CPU.
@@ -268,16 +310,17 @@ pub fn start(
     payload_len: usize,
     stop: Arc<AtomicBool>,
     abort: Arc<dyn Fn() + Send + Sync>,
+    deferred: Arc<Deferred>,
 ) -> io::Result<Vec<std::thread::JoinHandle<()>>> {
     (0..possible_cpus())
         .map(|qid| {
-            let (server, stop, abort) = (server.clone(), stop.clone(), abort.clone());
+            let (server, stop, abort, deferred) = (server.clone(), stop.clone(), abort.clone(), deferred.clone());
             std::thread::Builder::new().name(format!("uext4-ring{qid}")).spawn(move || {
                 // Requests are contained one by one (`Uext4Fuse::serve`); this
                 // catches a panic in the queue's own code, which would otherwise
                 // leave the thread dead and its CPU's callers waiting forever.
                 let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    serve_queue(&server, dev_fd, qid, payload_len, &stop)
+                    serve_queue(&server, dev_fd, qid, payload_len, &stop, &deferred)
                 }))
                 .unwrap_or_else(|_| Err(io::Error::other("the queue's thread panicked")));
                 if let Err(e) = served {

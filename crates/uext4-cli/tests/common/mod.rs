@@ -107,10 +107,16 @@ pub struct UextMount {
 
 impl UextMount {
     pub fn new(image: &Path, options: &str) -> UextMount {
+        UextMount::with_env(image, options, &[])
+    }
+
+    /// As `new`, with environment variables for the daemon (its test hooks).
+    pub fn with_env(image: &Path, options: &str, env: &[(&str, &std::ffi::OsStr)]) -> UextMount {
         let holder = tempfile::tempdir().unwrap();
         let dir = holder.path().join("mnt");
         std::fs::create_dir(&dir).unwrap();
         let mut cmd = uext4();
+        cmd.envs(env.iter().copied());
         cmd.arg("mount").arg(image).arg(&dir);
         if !options.is_empty() {
             cmd.args(["-o", options]);

@@ -448,6 +448,87 @@ impl BlockDevice for SlowFlushDevice {
     }
 }
 
+/// A device whose flushes wait while a gate is shut: a disk whose cache flush
+/// takes as long as a test wants, for checking who waits on a flush (never a
+/// timed test). The gate is shut by `shut()`, or while the file `gate_path`
+/// exists (so a test can hold the flushes of a mount daemon it started).
+pub struct GatedFlushDevice {
+    inner: Arc<dyn BlockDevice>,
+    shut: std::sync::atomic::AtomicBool,
+    gate_path: Option<std::path::PathBuf>,
+    waiting: AtomicU64,
+    flushes: AtomicU64,
+}
+
+impl GatedFlushDevice {
+    pub fn new(inner: Arc<dyn BlockDevice>, gate_path: Option<std::path::PathBuf>) -> GatedFlushDevice {
+        GatedFlushDevice {
+            inner,
+            shut: false.into(),
+            gate_path,
+            waiting: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+        }
+    }
+
+    /// Flushes wait from now on until `open`.
+    pub fn shut(&self) {
+        self.shut.store(true, Ordering::SeqCst);
+    }
+
+    pub fn open(&self) {
+        self.shut.store(false, Ordering::SeqCst);
+    }
+
+    /// Flushes waiting at the gate now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Flushes that have passed the gate.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::SeqCst)
+    }
+
+    fn is_shut(&self) -> bool {
+        self.shut.load(Ordering::SeqCst) || self.gate_path.as_ref().is_some_and(|p| p.exists())
+    }
+}
+
+impl BlockDevice for GatedFlushDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+
+    fn flush(&self) -> Result<()> {
+        if self.is_shut() {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while self.is_shut() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        self.inner.flush()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
+    }
+
+    fn in_use(&self) -> Option<String> {
+        self.inner.in_use()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
