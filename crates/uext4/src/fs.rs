@@ -54,9 +54,6 @@ pub use crate::volume::{group_has_superblock, Errors, Geometry};
 
 pub(crate) const INODE_CACHE_SHARDS: usize = 16;
 
-/// uext4 writes only extent-mapped files: without the extent feature, read-only.
-const NO_EXTENTS_READ_ONLY: &str = "opened read-only: uext4 does not write filesystems without the extent feature";
-
 #[derive(Clone, Debug)]
 pub struct Options {
     pub read_only: bool,
@@ -252,19 +249,24 @@ impl Filesystem {
             ));
         }
         let unknown_ro = sb.s_feature_ro_compat & !RO_COMPAT_SUPPORTED;
+        // Named: bigalloc (uext4 allocates blocks, not clusters), quota, verity...
+        let unknown_ro_names = || {
+            let named: Vec<&str> =
+                FEATURE_NAMES.iter().filter(|&&(w, bit, _)| w == 2 && bit & unknown_ro != 0).map(|f| f.2).collect();
+            let unnamed = unknown_ro & !FEATURE_NAMES.iter().filter(|f| f.0 == 2).fold(0, |m, f| m | f.1);
+            match unnamed {
+                0 => named.join(", "),
+                bits => format!("{} (bits {bits:#x})", named.join(", ")),
+            }
+        };
         if unknown_ro != 0 && !read_only {
             return Err(Error::unsupported(format!(
-                "read-only-compatible feature bits {unknown_ro:#x} ({}); open read-only",
-                sb.feature_names().join(" ")
+                "writing with read-only-compatible feature(s) {} (bits {unknown_ro:#x}); open read-only",
+                unknown_ro_names()
             )));
         }
         if unknown_ro != 0 {
-            reason = format!("ro_compat features {unknown_ro:#x} are not understood for writing");
-            read_only = true;
-        }
-        // Decided here, before a writable open would replay the journal onto the image.
-        if !read_only && !sb.has_incompat(INCOMPAT_EXTENTS) {
-            reason = NO_EXTENTS_READ_ONLY.to_string();
+            reason = format!("opened read-only: uext4 does not write feature(s) {}", unknown_ro_names());
             read_only = true;
         }
         check_device_size(dev.as_ref(), &sb)?;
@@ -296,9 +298,6 @@ impl Filesystem {
         replayed_journal_blocks: usize,
     ) -> Result<Filesystem> {
         let geo = Geometry::of(&sb, !opts.ignore_checksums);
-        // uext4 writes only extent-mapped files: without the extent feature, read-only.
-        let (read_only, reason) =
-            if !read_only && !geo.has_extents { (true, NO_EXTENTS_READ_ONLY.to_string()) } else { (read_only, reason) };
         let vol = Arc::new(Volume::open(dev, sb, geo, opts.cache_mb, opts.errors, read_only, reason)?);
         let alloc = Arc::new(Allocator::new(vol.clone(), Box::new(MainlinePolicy)));
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);

@@ -182,12 +182,24 @@ fn read_only_opens_refuse_changes() {
     oracle::run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image).arg("16M"));
     let fs = Filesystem::open(&image, Options::default()).unwrap();
     assert!(matches!(fs.mkdir(ROOT_INO, b"x", 0o755, ROOT), Err(Error::ReadOnly(_))));
-    let blockmap = dir.path().join("bm.img");
-    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-O", "^extent,^64bit"]).arg(&blockmap).arg("16M"));
-    let fs = Filesystem::open(&blockmap, Options { read_only: false, ..Options::default() }).unwrap();
-    assert!(fs.is_read_only() && fs.read_only_reason().contains("extent"), "{}", fs.read_only_reason());
+    // Clusters are not allocated: a bigalloc image is refused for writing, by name,
+    // and opens read-only with the reason.
+    let bigalloc = dir.path().join("bigalloc.img");
+    oracle::run(
+        Command::new("mkfs.ext4").args(["-q", "-F", "-O", "bigalloc", "-C", "16384"]).arg(&bigalloc).arg("32M"),
+    );
+    match Filesystem::open(&bigalloc, Options { read_only: false, ..Options::default() }) {
+        Err(Error::Unsupported { feature }) => assert!(feature.contains("bigalloc"), "{feature}"),
+        Err(e) => panic!("expected Unsupported naming bigalloc, got {e}"),
+        Ok(_) => panic!("a bigalloc image opened writable"),
+    }
+    let before = std::fs::read(&bigalloc).unwrap();
+    let fs = Filesystem::open(&bigalloc, Options::default()).unwrap();
+    assert!(fs.read_only_reason().contains("bigalloc"), "{}", fs.read_only_reason());
     match fs.mkdir(ROOT_INO, b"x", 0o755, ROOT) {
-        Err(Error::ReadOnly(why)) => assert!(why.contains("extent"), "{why}"),
+        Err(Error::ReadOnly(why)) => assert!(why.contains("bigalloc"), "{why}"),
         other => panic!("expected ReadOnly, got {other:?}"),
     }
+    drop(fs);
+    assert!(std::fs::read(&bigalloc).unwrap() == before, "a read-only open changed the image");
 }
