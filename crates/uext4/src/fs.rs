@@ -339,6 +339,7 @@ impl Filesystem {
             return Err(Error::corrupt(format!("default directory hash version {hash} is unknown"), "superblock"));
         }
         self.vol.check_descriptors()?;
+        self.check_bad_block_list()?;
         self.alloc.check_block_bitmaps()?;
         // Orphans a previous session (uext4's or the kernel's) left in the chain or
         // the orphan file are checked before the journal is loaded (which writes its
@@ -373,6 +374,30 @@ impl Filesystem {
         }
         if !orphans.is_empty() {
             self.process_orphans(&orphans)?;
+        }
+        Ok(())
+    }
+
+    /// The bad-block inode (1) lists blocks never to be used. One listing group
+    /// metadata (a bitmap or an inode table on a bad block) leaves nothing safe to
+    /// write until e2fsck relocates it: the writable open is refused.
+    fn check_bad_block_list(&self) -> Result<()> {
+        const BAD_BLOCKS_INO: u32 = 1;
+        let inode = self.inode(BAD_BLOCKS_INO)?;
+        if inode.i_blocks == 0 || inode.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL) {
+            return Ok(());
+        }
+        let spb = self.vol.geo.block_size as u64 / 512;
+        let listed = inode.i_blocks / spb;
+        let reach = self.block_map_reach();
+        let (mut lblk, mut seen) = (0, 0);
+        while seen < listed && lblk < reach {
+            let m = self.map_blocks(BAD_BLOCKS_INO, &inode, lblk, reach - lblk)?;
+            if let crate::extent::MapKind::Mapped(p) = m.kind {
+                self.vol.check_metadata_free_range(p, m.len, &|| "the bad block list (inode 1)".to_string())?;
+                seen += m.len;
+            }
+            lblk += m.len;
         }
         Ok(())
     }

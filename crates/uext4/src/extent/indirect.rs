@@ -96,6 +96,8 @@ struct Removal {
     rewrite: Vec<(u64, Vec<u32>)>,
     /// Indirect blocks read that stay as they are.
     kept: Vec<u64>,
+    /// The last logical block whose data is freed.
+    last_data: Option<u64>,
 }
 
 impl Removal {
@@ -446,6 +448,7 @@ impl Filesystem {
             }
             if level == 0 {
                 plan.free_block(*slot);
+                plan.last_data = plan.last_data.max(Some(lo));
                 *slot = 0;
                 continue;
             }
@@ -542,7 +545,17 @@ impl Filesystem {
     /// # Errors
     /// `Corrupt` for a damaged map.
     pub(crate) fn ind_check_releasable(&self, ino: u32, inode: &Inode) -> Result<()> {
-        self.plan_inode_removal(ino, inode, 0, self.block_map_reach()).map(|_| ())
+        let (plan, _) = self.plan_inode_removal(ino, inode, 0, self.block_map_reach())?;
+        // A directory has no blocks past its size (e2fsck: "too big"); one that maps
+        // some names blocks that may belong to another file by now.
+        let blocks = inode.i_size.div_ceil(self.vol.geo.block_size as u64);
+        match plan.last_data {
+            Some(last) if inode.is_dir() && last >= blocks => Err(Error::corrupt(
+                format!("directory of {blocks} blocks maps logical block {last}"),
+                format!("block map of inode {ino}"),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 

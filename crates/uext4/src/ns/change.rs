@@ -359,8 +359,20 @@ impl Filesystem {
                 format!("directory inode {ino}"),
             ));
         }
-        if want_dir && self.read_dir(ino)?.iter().any(|e| e.name != b"." && e.name != b"..") {
-            return Err(Error::NotEmpty(shown()));
+        if want_dir {
+            let entries = self.read_dir(ino)?;
+            if !Self::only_dot_entries(ino, &entries) {
+                return Err(Error::NotEmpty(shown()));
+            }
+            // A directory named from elsewhere than its parent (a hard link to a
+            // directory, which the kernel never makes) would leave that parent's
+            // link count wrong and the other name dangling.
+            if entries[1].ino != parent {
+                return Err(Error::corrupt(
+                    format!("'..' names inode {}, not the parent {parent} it is removed from", entries[1].ino),
+                    format!("directory inode {ino}"),
+                ));
+            }
         }
         if want_dir || inode.i_links_count <= 1 {
             self.check_releasable(ino, &inode)?;
