@@ -54,9 +54,6 @@ pub use crate::volume::{group_has_superblock, Errors, Geometry};
 
 pub(crate) const INODE_CACHE_SHARDS: usize = 16;
 
-/// uext4 writes only extent-mapped files: without the extent feature, read-only.
-const NO_EXTENTS_READ_ONLY: &str = "opened read-only: uext4 does not write filesystems without the extent feature";
-
 #[derive(Clone, Debug)]
 pub struct Options {
     pub read_only: bool,
@@ -252,19 +249,24 @@ impl Filesystem {
             ));
         }
         let unknown_ro = sb.s_feature_ro_compat & !RO_COMPAT_SUPPORTED;
+        // Named: bigalloc (uext4 allocates blocks, not clusters), quota, verity...
+        let unknown_ro_names = || {
+            let named: Vec<&str> =
+                FEATURE_NAMES.iter().filter(|&&(w, bit, _)| w == 2 && bit & unknown_ro != 0).map(|f| f.2).collect();
+            let unnamed = unknown_ro & !FEATURE_NAMES.iter().filter(|f| f.0 == 2).fold(0, |m, f| m | f.1);
+            match unnamed {
+                0 => named.join(", "),
+                bits => format!("{} (bits {bits:#x})", named.join(", ")),
+            }
+        };
         if unknown_ro != 0 && !read_only {
             return Err(Error::unsupported(format!(
-                "read-only-compatible feature bits {unknown_ro:#x} ({}); open read-only",
-                sb.feature_names().join(" ")
+                "writing with read-only-compatible feature(s) {} (bits {unknown_ro:#x}); open read-only",
+                unknown_ro_names()
             )));
         }
         if unknown_ro != 0 {
-            reason = format!("ro_compat features {unknown_ro:#x} are not understood for writing");
-            read_only = true;
-        }
-        // Decided here, before a writable open would replay the journal onto the image.
-        if !read_only && !sb.has_incompat(INCOMPAT_EXTENTS) {
-            reason = NO_EXTENTS_READ_ONLY.to_string();
+            reason = format!("opened read-only: uext4 does not write feature(s) {}", unknown_ro_names());
             read_only = true;
         }
         check_device_size(dev.as_ref(), &sb)?;
@@ -296,9 +298,6 @@ impl Filesystem {
         replayed_journal_blocks: usize,
     ) -> Result<Filesystem> {
         let geo = Geometry::of(&sb, !opts.ignore_checksums);
-        // uext4 writes only extent-mapped files: without the extent feature, read-only.
-        let (read_only, reason) =
-            if !read_only && !geo.has_extents { (true, NO_EXTENTS_READ_ONLY.to_string()) } else { (read_only, reason) };
         let vol = Arc::new(Volume::open(dev, sb, geo, opts.cache_mb, opts.errors, read_only, reason)?);
         let alloc = Arc::new(Allocator::new(vol.clone(), Box::new(MainlinePolicy)));
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
@@ -340,6 +339,7 @@ impl Filesystem {
             return Err(Error::corrupt(format!("default directory hash version {hash} is unknown"), "superblock"));
         }
         self.vol.check_descriptors()?;
+        self.check_bad_block_list()?;
         self.alloc.check_block_bitmaps()?;
         // Orphans a previous session (uext4's or the kernel's) left in the chain or
         // the orphan file are checked before the journal is loaded (which writes its
@@ -374,6 +374,30 @@ impl Filesystem {
         }
         if !orphans.is_empty() {
             self.process_orphans(&orphans)?;
+        }
+        Ok(())
+    }
+
+    /// The bad-block inode (1) lists blocks never to be used. One listing group
+    /// metadata (a bitmap or an inode table on a bad block) leaves nothing safe to
+    /// write until e2fsck relocates it: the writable open is refused.
+    fn check_bad_block_list(&self) -> Result<()> {
+        const BAD_BLOCKS_INO: u32 = 1;
+        let inode = self.inode(BAD_BLOCKS_INO)?;
+        if inode.i_blocks == 0 || inode.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL) {
+            return Ok(());
+        }
+        let spb = self.vol.geo.block_size as u64 / 512;
+        let listed = inode.i_blocks / spb;
+        let reach = self.block_map_reach();
+        let (mut lblk, mut seen) = (0, 0);
+        while seen < listed && lblk < reach {
+            let m = self.map_blocks(BAD_BLOCKS_INO, &inode, lblk, reach - lblk)?;
+            if let crate::extent::MapKind::Mapped(p) = m.kind {
+                self.vol.check_metadata_free_range(p, m.len, &|| "the bad block list (inode 1)".to_string())?;
+                seen += m.len;
+            }
+            lblk += m.len;
         }
         Ok(())
     }

@@ -67,8 +67,14 @@ impl Filesystem {
         let kept: Vec<(u8, Vec<u8>, Vec<u8>)> = kept.into_iter().map(|(e, v)| (e.e_name_index, e.name, v)).collect();
         let area = crate::xattr::ibody_area(inode.xattr_area().len(), &kept);
         inode.set_xattr_area(&area);
-        inode.i_flags = (inode.i_flags & !EXT4_INLINE_DATA_FL) | EXT4_EXTENTS_FL;
-        inode.i_block = Self::empty_extent_root();
+        // As the kernel's ext4_destroy_inline_data: an extent root where the
+        // filesystem has extents, else an empty block map.
+        inode.i_flags &= !EXT4_INLINE_DATA_FL;
+        inode.i_block = [0; 60];
+        if self.vol.geo.has_extents {
+            inode.i_flags |= EXT4_EXTENTS_FL;
+            inode.i_block = Self::empty_extent_root();
+        }
         if size > 0 {
             self.alloc.ensure_space(8)?;
             let (blk, _) = self.alloc.alloc_blocks(tx, self.inode_goal(ino), 1)?;

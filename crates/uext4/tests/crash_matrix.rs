@@ -39,6 +39,7 @@ fn options() -> Options {
     Options { read_only: false, commit_interval_secs: 3600, ..Options::default() }
 }
 
+#[derive(Clone)]
 struct Rng(u64);
 
 impl Rng {
@@ -77,6 +78,7 @@ struct Entry {
 }
 
 /// What an fsync of a path promised: this content, once it returned.
+#[derive(Clone)]
 struct Synced {
     op: usize,
     ino: u32,
@@ -86,7 +88,7 @@ struct Synced {
 }
 
 /// The workload's view of the tree, and what each operation touched.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Model {
     entries: BTreeMap<String, Entry>,
     dir_paths: HashMap<u32, String>,
@@ -1037,4 +1039,181 @@ fn io_errors_in_the_middle_of_operations() {
     assert!(faults.len() >= total * 9 / 10, "only {} distinct faults", faults.len());
     assert!(early <= faults.len() / 20, "{early} runs ended before their fault");
     assert!(errored > 0, "no fault reached the error state: the phase tests nothing");
+}
+
+// ---------------------------------------------------------------------------
+// Phase (issue 15): ext3, and an ext3 upgraded with `tune2fs -O extent`. The
+// first EXT3_PREFILL_OPS operations of the workload run uncut on a fresh
+// mkfs.ext3 image (block-mapped files, directories and symlinks, written by
+// uext4 through the ext3 journal); for the upgraded image `tune2fs -O extent`
+// then runs, so the rest of the workload changes old block-mapped files beside
+// new extent-mapped ones. The rest of the workload is then cut: power cuts spread
+// evenly and torn writes. After each cut, uext4's recovery (and on every 10th
+// cut, on a copy, the kernel's: loop mount, promised files read, umount) must
+// leave e2fsck -fn silent and every promised file intact: those fsync'd before
+// the cut, and every file the prefill left that no later operation touched.
+//
+// UEXT4_CRASH_EXT3_CUTS=N sets the power cuts per image (default 60).
+
+const EXT3_PREFILL_OPS: usize = 300;
+const EXT3_OPS: usize = 900;
+const EXT3_CUTS_DEFAULT: usize = 60;
+
+/// The base image after the prefill, the model and generator as the prefill left
+/// them, and every file the prefill left promised as of the image.
+fn ext3_base(work: &Path, upgrade: bool) -> (Vec<u8>, Model, Rng) {
+    let image = work.join(if upgrade { "ext3-upgraded.img" } else { "ext3.img" });
+    std::fs::write(&image, vec![0u8; 32 << 20]).unwrap();
+    oracle::run(std::process::Command::new("mkfs.ext3").args(["-F", "-q", "-b", "4096", "-N", "1024"]).arg(&image));
+    let mem = Arc::new(MemDevice::new(std::fs::read(&image).unwrap()));
+    let fs = Filesystem::open_device(mem.clone(), options()).unwrap();
+    let mut rng = Rng(0x5eed_e3e3_0000_0001 ^ upgrade as u64);
+    let mut m = Model::default();
+    m.dir_paths.insert(ROOT_INO, String::new());
+    for op in 0..EXT3_PREFILL_OPS {
+        one_op(&fs, &mut m, &mut rng, op, &|| 0).unwrap_or_else(|e| panic!("ext3 prefill operation {op}: {e}"));
+    }
+    fs.sync().unwrap();
+    drop(fs);
+    std::fs::write(&image, mem.contents()).unwrap();
+    oracle::assert_e2fsck_clean(&image);
+    let stat = oracle::run(std::process::Command::new("debugfs").arg("-R").arg("stat <2>").arg(&image));
+    assert!(!stat.contains("EXTENTS"), "the ext3 prefill made extent-mapped directories:\n{stat}");
+    if upgrade {
+        oracle::upgrade_to_extents(&image);
+        oracle::assert_e2fsck_clean(&image);
+    }
+    // Everything the prefill left is on the image: promised until touched again.
+    m.synced.clear();
+    let files: Vec<(String, u32)> =
+        m.entries.iter().filter(|(_, e)| e.kind == Kind::File).map(|(p, e)| (p.clone(), e.ino)).collect();
+    for (path, ino) in files {
+        let content = m.contents[&ino].clone();
+        m.synced.insert(path, Synced { op: EXT3_PREFILL_OPS, ino, content, writes_at_return: 0 });
+    }
+    (std::fs::read(&image).unwrap(), m, rng)
+}
+
+/// The rest of the workload on `base`, from the prefill's model, until it ends or
+/// the device is cut.
+fn ext3_rest(fs: &Filesystem, m: &mut Model, rng: &mut Rng, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) {
+    for op in EXT3_PREFILL_OPS..EXT3_OPS {
+        let result = one_op(fs, m, rng, op, writes);
+        if is_cut() {
+            return;
+        }
+        if let Err(e) = result {
+            panic!("operation {op} failed before any write was lost: {e}");
+        }
+    }
+}
+
+/// One cut of the ext3 phase; returns the promised files checked, or None when
+/// the run ended before its cut.
+fn ext3_cut(base: &[u8], m0: &Model, rng0: &Rng, fault: Fault, scratch: &Path, kernel: bool) -> Option<usize> {
+    let mem = Arc::new(MemDevice::new(base.to_vec()));
+    let dev = Arc::new(FaultDevice::new(mem.clone(), fault));
+    let fs = Filesystem::open_device(dev.clone(), options()).unwrap();
+    let (mut m, mut rng) = (m0.clone(), rng0.clone());
+    ext3_rest(&fs, &mut m, &mut rng, &|| dev.writes(), &|| dev.is_cut());
+    if !dev.is_cut() {
+        fs.sync().unwrap();
+    }
+    if !dev.is_cut() {
+        drop(fs);
+        return None;
+    }
+    fs.abandon();
+    let left = mem.contents();
+    let promised = m.promised(first_lost(fault));
+    let ours = Arc::new(MemDevice::new(left.clone()));
+    let fs = Filesystem::open_device(ours.clone(), options())
+        .unwrap_or_else(|e| panic!("{fault:?}: reopening the ext3 image after the cut failed: {e}"));
+    for (path, content) in &promised {
+        let ino = fs.lookup_path(path.as_bytes()).unwrap_or_else(|e| panic!("{fault:?}: {path} is gone: {e}"));
+        assert!(fs.read_all(ino).unwrap() == *content, "{fault:?}: uext4 reads {path} changed after recovery");
+    }
+    drop(fs);
+    std::fs::write(scratch, ours.contents()).unwrap();
+    check_e2fsck(scratch, fault);
+    if kernel {
+        std::fs::write(scratch, &left).unwrap();
+        {
+            let mount = oracle::Mount::new(scratch, "");
+            for (path, content) in &promised {
+                let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
+                    .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
+                assert!(got == *content, "{fault:?}: the kernel reads {path} changed after its recovery");
+            }
+            mount.unmount();
+        }
+        check_e2fsck(scratch, fault);
+    }
+    Some(promised.len())
+}
+
+fn ext3_phase(upgrade: bool) {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (base, m0, rng0) = ext3_base(work.path(), upgrade);
+    // The reference run: its writes, and how big.
+    let mem = Arc::new(MemDevice::new(base.clone()));
+    let recorder = Arc::new(Recorder { inner: mem.clone(), sizes: Mutex::new(Vec::new()) });
+    let fs = Filesystem::open_device(recorder.clone(), options()).unwrap();
+    let (mut m, mut rng) = (m0.clone(), rng0.clone());
+    let count = || recorder.sizes.lock().unwrap().len() as u64;
+    ext3_rest(&fs, &mut m, &mut rng, &count, &|| false);
+    drop(fs);
+    let reference = work.path().join("reference.img");
+    std::fs::write(&reference, mem.contents()).unwrap();
+    oracle::assert_e2fsck_clean(&reference);
+    let sizes = recorder.sizes.lock().unwrap().clone();
+    let total = sizes.len() as u64;
+    let cuts = std::env::var("UEXT4_CRASH_EXT3_CUTS").ok().and_then(|v| v.parse().ok()).unwrap_or(EXT3_CUTS_DEFAULT);
+    let mut faults: Vec<Fault> = (0..cuts as u64).map(|i| Fault::DropAfter(i * (total - 1) / cuts as u64)).collect();
+    faults.dedup();
+    let multi: Vec<u64> = (1..=total).filter(|&n| sizes[n as usize - 1] > ATOMIC_UNIT).collect();
+    let mut tear_rng = Rng(7);
+    for &n in multi.iter().step_by(multi.len().div_ceil(cuts / 4 + 1).max(1)) {
+        let units = sizes[n as usize - 1].div_ceil(ATOMIC_UNIT);
+        faults.push(Fault::Tear { write: n, keep: (1 + tear_rng.below(units - 1)) * ATOMIC_UNIT });
+    }
+    let next = AtomicUsize::new(0);
+    let (promised, early) = (AtomicU64::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (faults, base, m0, rng0, next, promised, early) =
+                (&faults, &base, &m0, &rng0, &next, &promised, &early);
+            let scratch = work.path().join(format!("cut{t}.img"));
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&fault) = faults.get(i) else { break };
+                match ext3_cut(base, m0, rng0, fault, &scratch, i % 10 == 0) {
+                    Some(n) => promised.fetch_add(n as u64, Ordering::Relaxed),
+                    None => early.fetch_add(1, Ordering::Relaxed) as u64,
+                };
+            });
+        }
+    });
+    let (promised, early) = (promised.into_inner(), early.into_inner());
+    let what = if upgrade { "upgraded ext3" } else { "ext3" };
+    eprintln!(
+        "{what}: {} cuts over {total} writes after a {EXT3_PREFILL_OPS}-operation prefill: {promised} promised files \
+         verified, {early} runs ended before their cut",
+        faults.len()
+    );
+    assert!(early <= faults.len() / 10, "{early} of {} runs ended before their cut", faults.len());
+    assert!(promised >= faults.len() as u64, "too few promised files were checked to mean anything");
+}
+
+#[test]
+fn power_cuts_on_ext3() {
+    ext3_phase(false);
+}
+
+#[test]
+fn power_cuts_on_an_ext3_upgraded_with_tune2fs() {
+    ext3_phase(true);
 }

@@ -103,6 +103,12 @@ fn run_seed(seed: u64, block_size: u32, steps: usize) {
     let image = dir.path().join("fs.img");
     let opts = uext4::mkfs::MkfsOptions { size: 128 << 20, block_size: Some(block_size), ..Default::default() };
     uext4::mkfs::mkfs(&image, &opts).unwrap();
+    run_model(seed, &image, &format!("bs {block_size}"), steps);
+}
+
+/// The model run on an image made beforehand; `shape` names it in messages.
+fn run_model(seed: u64, image: &std::path::Path, shape: &str, steps: usize) {
+    let image = image.to_path_buf();
     let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
     let mut m = Model::default();
     m.kinds.insert(ROOT_INO, Kind::Dir);
@@ -114,7 +120,7 @@ fn run_seed(seed: u64, block_size: u32, steps: usize) {
     let mut rng = Rng(seed | 1);
     let mut unsupported = 0;
     for step in 0..steps {
-        let ctx = format!("seed {seed} bs {block_size} step {step}");
+        let ctx = format!("seed {seed} {shape} step {step}");
         let dirs: Vec<u32> = m.dirs.keys().copied().collect();
         let d = dirs[rng.below(dirs.len() as u64) as usize];
         let name = format!("n{}", rng.below(40)).into_bytes();
@@ -355,5 +361,26 @@ fn random_operations_match_the_model() {
     oracle::require_loop();
     for (seed, bs) in [(1, 1024), (2, 4096), (3, 1024)] {
         run_seed(seed, bs, 20_000);
+    }
+}
+
+/// Issue 15's shapes (block maps, no filetype, no dir_index, no journal, ext2,
+/// ext3, an upgraded ext3), a shorter run on each; `UEXT4_MODEL_SHAPE_STEPS` sets
+/// the steps per shape (default 6,000).
+#[test]
+fn random_operations_match_the_model_on_every_kernel_shape() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    oracle::require_loop();
+    let steps = std::env::var("UEXT4_MODEL_SHAPE_STEPS").ok().and_then(|v| v.parse().ok()).unwrap_or(6000);
+    for (i, &(shape, program, args, upgrade)) in oracle::WRITE_SHAPES.iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("fs.img");
+        oracle::make_shape(&image, program, args, "128M");
+        if upgrade {
+            oracle::upgrade_to_extents(&image);
+        }
+        run_model(11 + 2 * i as u64, &image, shape, steps);
     }
 }

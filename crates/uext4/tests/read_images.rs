@@ -388,13 +388,28 @@ fn htree_levels(image: &Path, path: &str) -> Option<u32> {
 /// Makes, fills and compares one shape. `prepare` runs on the fresh image before
 /// the kernel fills it (debugfs edits such as the hash version).
 fn check_shape(shape: &str, mkfs_args: &[&str], size: &str, content: Content, prepare: &[&str]) {
+    check_shape_made_by(shape, "mkfs.ext4", mkfs_args, size, content, prepare, false);
+}
+
+/// `check_shape` for an image made by `program` (mkfs.ext2, mkfs.ext3...); with
+/// `upgrade`, `tune2fs -O extent` runs after the kernel's fill and the kernel then
+/// adds extent-mapped files beside the block-mapped ones.
+fn check_shape_made_by(
+    shape: &str,
+    program: &str,
+    mkfs_args: &[&str],
+    size: &str,
+    content: Content,
+    prepare: &[&str],
+    upgrade: bool,
+) {
     if !oracle::require_e2fsprogs() || !oracle::require_loop() {
         return;
     }
     oracle::skip_unless(oracle::have_tool("setfacl"), "setfacl (package acl) is not installed");
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("fs.img");
-    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F"]).args(mkfs_args).arg(&image).arg(size));
+    oracle::run(Command::new(program).args(["-q", "-F"]).args(mkfs_args).arg(&image).arg(size));
     for request in prepare {
         oracle::run(Command::new("debugfs").arg("-w").arg("-R").arg(request).arg(&image));
     }
@@ -404,9 +419,24 @@ fn check_shape(shape: &str, mkfs_args: &[&str], size: &str, content: Content, pr
         fill(&m.dir, &content, block_size);
     }
     oracle::assert_e2fsck_clean(&image);
+    if upgrade {
+        oracle::upgrade_to_extents(&image);
+        {
+            let m = oracle::Mount::new(&image, "");
+            let after = m.dir.join("after-upgrade");
+            fs::create_dir(&after).unwrap();
+            fs::write(after.join("extent-mapped"), pattern(3 << 20, 11)).unwrap();
+            // An old block-mapped file grown after the upgrade stays block-mapped.
+            let grown = fs::OpenOptions::new().append(true).open(m.dir.join("files/size-65537")).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&grown, &pattern(70_000, 12), 65537).unwrap();
+        }
+        oracle::assert_e2fsck_clean(&image);
+        assert!(debugfs(&image, "stat /after-upgrade/extent-mapped").contains("EXTENTS"), "{shape}: new file");
+        assert!(debugfs(&image, "stat /files/size-65537").contains("(IND)"), "{shape}: old file not block-mapped");
+    }
 
     // Check the structures really are there.
-    let has_index = !mkfs_args.contains(&"^dir_index");
+    let has_index = !mkfs_args.iter().any(|a| a.contains("^dir_index"));
     let levels = htree_levels(&image, "/big-dir");
     if has_index {
         let want = if content.big_dir_entries >= 10_000 { 1 } else { 0 };
@@ -523,6 +553,49 @@ fn block_mapped() {
         Content { big_dir_entries: 2000, big_dir_name_len: 40, big_file: 0, extent_shape: false },
         &[],
     );
+}
+
+#[test]
+fn no_filetype() {
+    check_shape("-O ^filetype", &["-O", "^filetype"], "128M", small(), &[]);
+}
+
+fn block_map_content() -> Content {
+    Content { big_dir_entries: 2000, big_dir_name_len: 40, big_file: 0, extent_shape: false }
+}
+
+#[test]
+fn ext2_and_ext3() {
+    check_shape_made_by("mkfs.ext2", "mkfs.ext2", &["-b", "1024"], "256M", block_map_content(), &[], false);
+    check_shape_made_by("mkfs.ext3", "mkfs.ext3", &["-b", "1024"], "256M", block_map_content(), &[], false);
+    check_shape_made_by(
+        "mkfs.ext2 -O ^filetype,^dir_index",
+        "mkfs.ext2",
+        &["-O", "^filetype,^dir_index"],
+        "128M",
+        block_map_content(),
+        &[],
+        false,
+    );
+}
+
+#[test]
+fn ext3_upgraded_with_tune2fs() {
+    check_shape_made_by(
+        "mkfs.ext3, tune2fs -O extent",
+        "mkfs.ext3",
+        &["-b", "1024"],
+        "256M",
+        block_map_content(),
+        &[],
+        true,
+    );
+}
+
+#[test]
+fn bigalloc_1k_and_4k() {
+    check_shape("bigalloc 1 KiB", &["-O", "bigalloc", "-b", "1024", "-C", "16384"], "256M", small(), &[]);
+    check_shape("bigalloc 4 KiB", &["-O", "bigalloc", "-b", "4096", "-C", "65536"], "512M", small(), &[]);
 }
 
 #[test]

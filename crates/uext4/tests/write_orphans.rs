@@ -467,3 +467,86 @@ fn bad_orphan_records_refuse_a_writable_open_before_any_change() {
     drop(f);
     refused(&image, "bad magic");
 }
+
+/// Block-mapped orphans (issue 15): on ext3 and on an ext3 upgraded with tune2fs
+/// -O extent, the kernel leaves a block-mapped file (through its double indirect
+/// blocks) unlinked while open on its orphan chain, and uext4's writable open
+/// frees it; uext4 leaves its own block-mapped orphans by stopping with them open,
+/// and both its next open and, on a copy, the kernel's mount free them.
+#[test]
+fn block_mapped_orphans_on_ext3_are_freed_by_uext4_and_the_kernel() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    for upgrade in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("ext3.img");
+        oracle::make_shape(&image, "mkfs.ext3", &["-b", "1024"], "64M");
+        if upgrade {
+            oracle::upgrade_to_extents(&image);
+        }
+        let free_before = {
+            let fs = Filesystem::open(&image, Options::default()).unwrap();
+            (fs.free_blocks(), fs.free_inodes())
+        };
+        // The kernel's orphan. On the upgraded image the file is made before the
+        // upgrade, so that it is block-mapped there too.
+        let held_image = dir.path().join("held.img");
+        let copy = dir.path().join("copy.img");
+        oracle::make_shape(&held_image, "mkfs.ext3", &["-b", "1024"], "64M");
+        let fresh = {
+            let fs = Filesystem::open(&held_image, Options::default()).unwrap();
+            (fs.free_blocks(), fs.free_inodes())
+        };
+        {
+            let m = oracle::Mount::new(&held_image, "");
+            std::fs::write(m.dir.join("held"), vec![5u8; 3 << 20]).unwrap();
+        }
+        if upgrade {
+            oracle::upgrade_to_extents(&held_image);
+        }
+        let stat = oracle::run(std::process::Command::new("debugfs").arg("-R").arg("stat /held").arg(&held_image));
+        assert!(stat.contains("(DIND)"), "the kernel's file should reach its double indirect block:\n{stat}");
+        {
+            let m = oracle::Mount::new(&held_image, "");
+            let path = m.dir.join("held");
+            let held = std::fs::File::open(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            oracle::run(&mut std::process::Command::new("sync"));
+            std::fs::copy(&held_image, &copy).unwrap();
+            drop(held);
+        }
+        let out = std::process::Command::new("e2fsck").arg("-fn").arg(&copy).output().unwrap();
+        assert_ne!(out.status.code(), Some(0), "the copy should hold the kernel's orphan");
+        {
+            let fs = Filesystem::open(&copy, Options { read_only: false, ..Options::default() })
+                .unwrap_or_else(|e| panic!("writable open with the kernel's block-mapped orphan: {e}"));
+            assert_eq!(fs.superblock().s_last_orphan, 0);
+            // Its 3,072 data blocks and 14 indirect blocks (one single, one double
+            // and the 12 single ones under it) all came back.
+            assert_eq!((fs.free_blocks(), fs.free_inodes()), fresh, "the kernel's orphan was not freed");
+        }
+        oracle::assert_e2fsck_clean(&copy);
+
+        // uext4's own block-mapped orphans, left by a stop.
+        {
+            let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+            for name in [&b"x"[..], b"y"] {
+                let ino = fs.create(ROOT_INO, name, 0o644, ROOT).unwrap().ino;
+                fs.write(ino, 0, &vec![1u8; 2 << 20]).unwrap();
+                fs.open_inode(ino).unwrap();
+                fs.unlink(ROOT_INO, name).unwrap();
+            }
+        }
+        let copy = dir.path().join("uext4-copy.img");
+        std::fs::copy(&image, &copy).unwrap();
+        drop(oracle::Mount::new(&copy, ""));
+        oracle::assert_e2fsck_clean(&copy);
+        {
+            let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+            assert_eq!(fs.superblock().s_last_orphan, 0);
+            assert_eq!((fs.free_blocks(), fs.free_inodes()), free_before, "uext4's orphans were not freed");
+        }
+        oracle::assert_e2fsck_clean(&image);
+    }
+}

@@ -10,7 +10,7 @@ use crate::alloc::Allocator;
 use crate::cache::Buffer;
 use crate::error::{Error, Result};
 use crate::format::bitmap;
-use crate::format::group_desc::{GroupDesc, EXT4_BG_INODE_UNINIT};
+use crate::format::group_desc::{GdCsum, GroupDesc, EXT4_BG_INODE_UNINIT};
 use crate::journal::handle::Handle;
 use crate::volume::Volume;
 use std::sync::atomic::Ordering;
@@ -78,6 +78,24 @@ impl Allocator {
         })
     }
 
+    /// A slot the bitmap calls free must not hold a live inode (links count 0): a
+    /// bitmap that lost an in-use inode's bit would otherwise hand it out again and
+    /// the two would share one number.
+    fn check_inode_slot_free(&self, g: u32, gd: &GroupDesc, index: u32) -> Result<()> {
+        let (bs, isz) = (self.vol.geo.block_size as u64, self.vol.geo.inode_size as u64);
+        let byte = index as u64 * isz;
+        let buf = self.vol.cache.get(gd.bg_inode_table + byte / bs)?;
+        let links = crate::format::bytes::le16(&buf.read(), (byte % bs) as usize + 0x1A);
+        if links != 0 {
+            let ino = g * self.vol.geo.inodes_per_group + index + 1;
+            return Err(Error::corrupt(
+                format!("inode {ino} is free in the inode bitmap but in use ({links} links)"),
+                format!("group {g} inode bitmap"),
+            ));
+        }
+        Ok(())
+    }
+
     /// Allocates an inode number for a new inode under `parent`.
     pub fn alloc_inode(&self, tx: &mut Handle, parent: u32, is_dir: bool) -> Result<u32> {
         if self.free_inodes.load(Ordering::Relaxed) == 0 {
@@ -103,6 +121,13 @@ impl Allocator {
                 continue;
             }
             let mut gd = gd_lock.clone();
+            // Slots past ipg - itable_unused may never have been initialized (lazy
+            // inode table init); those before it hold what was last written there.
+            let itable_trusted = match self.vol.geo.gd_csum {
+                GdCsum::None => self.vol.geo.inodes_per_group,
+                _ if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 => 0,
+                _ => self.vol.geo.inodes_per_group.saturating_sub(gd.bg_itable_unused),
+            };
             let buf = self.inode_bitmap(tx, g, &mut gd)?;
             let ipg = self.vol.geo.inodes_per_group as usize;
             let index = {
@@ -121,6 +146,13 @@ impl Allocator {
                 }
                 i
             };
+            if (index as u32) < itable_trusted {
+                if let Err(e) = self.check_inode_slot_free(g, &gd, index as u32) {
+                    // Nothing is dirtied yet: the bit goes back and the group is as it was.
+                    bitmap::clear_bit(&mut buf.write(), index);
+                    return Err(e);
+                }
+            }
             tx.dirty(&buf);
             gd.bg_free_inodes_count -= 1;
             if is_dir {

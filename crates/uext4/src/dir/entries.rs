@@ -115,6 +115,9 @@ impl Filesystem {
     ) -> Result<bool> {
         let bs = self.vol.geo.block_size;
         let need = dirent::rec_len_for(name.len());
+        // Without `filetype` the type byte is name_len's high byte: always 0, as the
+        // kernel's ext4_set_de_type leaves it.
+        let file_type = if self.vol.geo.has_filetype { file_type } else { 0 };
         let buf = self.dir_block(dir, dir_inode, lblk)?;
         let mut data = buf.write();
         let Some((off, rec_len, used)) = self.slot_for(&data, dir, lblk, need)? else { return Ok(false) };

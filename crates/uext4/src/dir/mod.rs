@@ -123,6 +123,13 @@ impl Filesystem {
         Error::NotFound(format!("directory inode {ino} has been removed"))
     }
 
+    /// The kernel's ext4_empty_dir on a listing: a directory is empty when it holds
+    /// exactly its first two entries, "." (itself) and "..". Anything else — a
+    /// second "." or "..", names past them, a missing "." — counts as not empty.
+    pub(crate) fn only_dot_entries(ino: u32, entries: &[DirEntryOwned]) -> bool {
+        entries.len() == 2 && entries[0].name == b"." && entries[0].ino == ino && entries[1].name == b".."
+    }
+
     /// Every entry of the directory, "." and ".." included, in on-disk order.
     pub fn read_dir(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
         let _structure = self.dir_structure.read(ino as u64);

@@ -1,5 +1,5 @@
 //! Mapping logical file blocks to physical blocks: extent trees of any depth, and
-//! the indirect block maps of files without the extent flag.
+//! (in `indirect.rs`) the block maps of files without the extent flag.
 //!
 //! Every node read is checked before it is trusted: magic, counts, depth one less
 //! than its parent's (which makes a looping tree impossible to follow), the node
@@ -7,11 +7,11 @@
 //! size of the filesystem.
 
 use crate::error::{Error, Result};
-use crate::format::bytes::le32;
 use crate::format::extent::{self, ExtentIndex, ExtentNode};
 use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
 use crate::fs::Filesystem;
 
+pub mod indirect;
 pub mod write;
 
 /// Logical blocks are 32-bit in ext4.
@@ -147,70 +147,6 @@ impl Filesystem {
             }
         }
         Ok(())
-    }
-
-    /// ext2/3 block maps: 12 direct pointers, then single, double and triple
-    /// indirect blocks of 32-bit pointers. A zero pointer is a hole.
-    fn map_indirect(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
-        let per = (self.vol.geo.block_size / 4) as u64;
-        let first = self.indirect_lookup(ino, inode, lblk)?;
-        // Extend the run while the next blocks continue it, within reason.
-        let run_cap = max_len.min(per);
-        let mut len = 1;
-        while len < run_cap {
-            let next = self.indirect_lookup(ino, inode, lblk + len)?;
-            let continues = match (first, next) {
-                (None, None) => true,
-                (Some(a), Some(b)) => b == a + len,
-                _ => false,
-            };
-            if !continues {
-                break;
-            }
-            len += 1;
-        }
-        let kind = match first {
-            Some(p) => MapKind::Mapped(p),
-            None => MapKind::Hole,
-        };
-        Ok(Mapping { lblk, len, kind })
-    }
-
-    fn indirect_lookup(&self, ino: u32, inode: &Inode, lblk: u64) -> Result<Option<u64>> {
-        let per = (self.vol.geo.block_size / 4) as u64;
-        let direct = |i: usize| le32(&inode.i_block, i * 4) as u64;
-        let (root, mut rem, levels) = if lblk < 12 {
-            return self.pointer(ino, direct(lblk as usize));
-        } else if lblk < 12 + per {
-            (direct(12), lblk - 12, 1)
-        } else if lblk < 12 + per + per * per {
-            (direct(13), lblk - 12 - per, 2)
-        } else if lblk < 12 + per + per * per + per * per * per {
-            (direct(14), lblk - 12 - per - per * per, 3)
-        } else {
-            return Ok(None);
-        };
-        let mut block = root;
-        for level in (0..levels).rev() {
-            if block == 0 {
-                return Ok(None);
-            }
-            self.vol.check_block(block, &|| format!("indirect block of inode {ino}"))?;
-            let span = per.pow(level);
-            let index = (rem / span) as usize;
-            rem %= span;
-            let buf = self.vol.cache.get(block)?;
-            block = le32(&buf.read(), index * 4) as u64;
-        }
-        self.pointer(ino, block)
-    }
-
-    fn pointer(&self, ino: u32, block: u64) -> Result<Option<u64>> {
-        if block == 0 {
-            return Ok(None);
-        }
-        self.vol.check_block(block, &|| format!("block map of inode {ino}"))?;
-        Ok(Some(block))
     }
 
     /// Every mapping of the file, in order, for `stat`-style reports. Bounded by

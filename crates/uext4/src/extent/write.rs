@@ -70,7 +70,8 @@ impl Filesystem {
         len: u32,
     ) -> Result<()> {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
-            return Err(Error::unsupported(format!("writing block-mapped inode {ino}")));
+            // Block maps: extent/indirect.rs.
+            return self.ind_map_range(tx, ino, inode, lblk, pblk, len);
         }
         self.extent_insert(tx, ino, inode, Extent { ee_block: lblk as u32, len, unwritten: false, start: pblk })?;
         inode.i_blocks += len as u64 * self.sectors_per_block();
@@ -110,7 +111,8 @@ impl Filesystem {
         end: u64,
     ) -> Result<()> {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
-            return Err(Error::unsupported(format!("punching a hole in block-mapped inode {ino}")));
+            // Block maps: extent/indirect.rs.
+            return self.ind_remove(tx, ino, inode, first, end);
         }
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         if !extents.iter().any(|e| (e.ee_block as u64) < end && e.end() > first) {
@@ -450,7 +452,8 @@ impl Filesystem {
     /// that rebuilding beats editing in place).
     pub(crate) fn extent_truncate(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, keep: u64) -> Result<()> {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
-            return Err(Error::unsupported(format!("truncating block-mapped inode {ino}")));
+            // Block maps: extent/indirect.rs.
+            return self.ind_remove(tx, ino, inode, keep, u64::MAX);
         }
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         let mut kept = Vec::new();
@@ -616,8 +619,8 @@ impl Filesystem {
         Ok(got)
     }
 
-    /// Frees every data and tree block of an extent-mapped inode and leaves it an
-    /// empty root (i_blocks keeps only an xattr block, if any).
+    /// Frees every data and tree block of an extent-mapped (or block-mapped) inode
+    /// and leaves it an empty root or map (i_blocks keeps only an xattr block, if any).
     pub(crate) fn free_all_extents(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
         self.extent_truncate(tx, ino, inode, 0)?;
         inode.i_blocks = if inode.i_file_acl != 0 { self.sectors_per_block() } else { 0 };

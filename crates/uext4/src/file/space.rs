@@ -63,6 +63,16 @@ impl Filesystem {
         if !inode.is_reg() {
             return Err(Error::NoDevice(format!("fallocate on inode {ino}, which is not a regular file")));
         }
+        // Block maps cannot hold unwritten blocks: as the kernel's ext4_fallocate,
+        // only punching works on them (inline files become block-mapped without
+        // the extent feature).
+        let block_mapped = !inode.has_flag(crate::format::inode::EXT4_EXTENTS_FL)
+            && (!inode.has_flag(EXT4_INLINE_DATA_FL) || !self.vol.geo.has_extents);
+        if block_mapped && !punch {
+            return Err(Error::unsupported(format!(
+                "fallocate mode {mode:#x} on block-mapped inode {ino} (only extent-mapped files preallocate)"
+            )));
+        }
         let bs = self.vol.geo.block_size as u64;
         let (first_block, end_block) = (offset / bs, end.div_ceil(bs));
         let to_allocate = if punch { 0 } else { self.unmapped_blocks(ino, first_block, end_block)? };

@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
-use crate::format::inode::Inode;
+use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
 use crate::ns::change::now;
@@ -110,15 +110,22 @@ impl Filesystem {
                     let reserved = self.alloc.reserved_blocks();
                     let spare = self.alloc.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
                     let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
-                    // Right after the block before, so sequential writes stay contiguous.
-                    let goal = match lblk.checked_sub(1) {
-                        Some(prev) => match self.map_blocks(ino, inode, prev, 1)?.kind {
-                            MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
-                            MapKind::Hole => self.inode_goal(ino),
-                        },
-                        None => self.inode_goal(ino),
+                    let block_mapped = !inode.has_flag(EXT4_EXTENTS_FL);
+                    let (p, got) = if block_mapped {
+                        // Allocated and mapped at once, with the kernel's goal rules for
+                        // block maps (extent/indirect.rs).
+                        self.ind_alloc(tx, ino, inode, lblk, want as u64)?
+                    } else {
+                        // Right after the block before, so sequential writes stay contiguous.
+                        let goal = match lblk.checked_sub(1) {
+                            Some(prev) => match self.map_blocks(ino, inode, prev, 1)?.kind {
+                                MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
+                                MapKind::Hole => self.inode_goal(ino),
+                            },
+                            None => self.inode_goal(ino),
+                        };
+                        self.alloc.alloc_blocks(tx, goal, want)?
                     };
-                    let (p, got) = self.alloc.alloc_blocks(tx, goal, want)?;
                     let bytes = (got as usize * bs as usize - in_block).min(data.len() - *done);
                     // Fresh blocks: zero the parts of the first and last this write leaves.
                     if in_block > 0 {
@@ -129,10 +136,12 @@ impl Filesystem {
                         let last = p + (in_block + bytes) as u64 / bs;
                         dev.write_at(last * bs, &vec![0u8; bs as usize])?;
                     }
-                    if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
-                        // The tree is as it was: the blocks go back.
-                        self.alloc.free_blocks_range(tx, p, got as u64)?;
-                        return Err(e);
+                    if !block_mapped {
+                        if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
+                            // The tree is as it was: the blocks go back.
+                            self.alloc.free_blocks_range(tx, p, got as u64)?;
+                            return Err(e);
+                        }
                     }
                     // File data goes straight to the device, before the metadata that maps it.
                     dev.write_at(p * bs + in_block as u64, &data[*done..*done + bytes])?;

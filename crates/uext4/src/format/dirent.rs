@@ -82,8 +82,12 @@ impl DirEntry<'_> {
 }
 
 /// Walks the entries of a directory block or inline area, validating each the way
-/// the kernel's `ext4_check_dir_entry` does. `has_filetype` selects the 8-bit
-/// name_len + file_type form; without it name_len is 16 bits.
+/// the kernel's `ext4_check_dir_entry` does. Without the `filetype` feature the
+/// two bytes after rec_len are ext2's 16-bit name_len; as in the kernel (and
+/// e2fsprogs' `ext2fs_dirent_name_len`) only the low byte is the length, since no
+/// name exceeds 255 bytes, and the high byte, which is then always written 0,
+/// gives no type: such entries read as EXT4_FT_UNKNOWN. The checksum tail keeps
+/// its 0xDE marker either way.
 pub struct DirEntryIter<'a> {
     buf: &'a [u8],
     pos: usize,
@@ -118,8 +122,9 @@ impl<'a> Iterator for DirEntryIter<'a> {
         }
         let inode = le32(b, off);
         let rec_len = rec_len_from_disk(le16(b, off + 4), self.block_size);
-        let (name_len, file_type) =
-            if self.has_filetype { (b[off + 6] as usize, b[off + 7]) } else { (le16(b, off + 6) as usize, 0) };
+        let name_len = b[off + 6] as usize;
+        let is_tail_shape = inode == 0 && rec_len == DIRENT_TAIL_LEN && name_len == 0 && b[off + 7] == EXT4_FT_DIR_CSUM;
+        let file_type = if self.has_filetype || is_tail_shape { b[off + 7] } else { EXT4_FT_UNKNOWN };
         if rec_len < rec_len_for(0) + 4 && !(rec_len == DIRENT_TAIL_LEN && inode == 0) {
             return fail(self, format!("rec_len {rec_len} is smaller than the minimal 12"));
         }
@@ -141,7 +146,8 @@ impl<'a> Iterator for DirEntryIter<'a> {
     }
 }
 
-/// Writes one entry header and name at `off`.
+/// Writes one entry header and name at `off`. Without the `filetype` feature the
+/// caller passes `file_type` 0 (the high byte of ext2's 16-bit name_len).
 pub fn write_entry(
     b: &mut [u8],
     off: usize,

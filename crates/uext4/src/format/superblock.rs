@@ -331,8 +331,19 @@ impl Superblock {
         if self.s_blocks_count <= self.s_first_data_block as u64 {
             return bad(format!("block count {} leaves no blocks", self.s_blocks_count));
         }
-        if self.s_first_data_block != u32::from(bs == 1024) {
-            return bad(format!("first data block {} is wrong for {bs}-byte blocks", self.s_first_data_block));
+        // 1 KiB blocks start at block 1, after the boot block and superblock; with
+        // bigalloc clusters of 1 KiB blocks start at 0 (mke2fs), which the kernel
+        // refuses only when clusters are single blocks.
+        let first_ok = match (bs, blocks_per_cluster) {
+            (1024, 1) => self.s_first_data_block == 1,
+            (1024, _) => self.s_first_data_block <= 1,
+            _ => self.s_first_data_block == 0,
+        };
+        if !first_ok {
+            return bad(format!(
+                "first data block {} is wrong for {bs}-byte blocks in {blocks_per_cluster}-block clusters",
+                self.s_first_data_block
+            ));
         }
         let groups = self.group_count();
         // checked: a hostile block count makes the group count large enough to overflow.

@@ -76,8 +76,12 @@ impl Filesystem {
             i.i_crtime = Some(t);
         }
         i.i_generation = (t.nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(2_654_435_761);
-        i.i_block = Self::empty_extent_root();
-        i.i_flags = EXT4_EXTENTS_FL;
+        // As the kernel's ext4_new_inode: extent-mapped where the filesystem has
+        // extents, else an empty block map (extent/indirect.rs).
+        if self.vol.geo.has_extents {
+            i.i_block = Self::empty_extent_root();
+            i.i_flags = EXT4_EXTENTS_FL;
+        }
         i
     }
 
@@ -237,8 +241,9 @@ impl Filesystem {
             {
                 let mut data = buf.write();
                 let tail = if fs.vol.geo.metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
-                dirent::write_entry(&mut data, 0, ino, 12, EXT4_FT_DIR, b".", bs);
-                dirent::write_entry(&mut data, 12, parent, bs - 12 - tail, EXT4_FT_DIR, b"..", bs);
+                let ft = if fs.vol.geo.has_filetype { EXT4_FT_DIR } else { 0 };
+                dirent::write_entry(&mut data, 0, ino, 12, ft, b".", bs);
+                dirent::write_entry(&mut data, 12, parent, bs - 12 - tail, ft, b"..", bs);
                 if fs.vol.geo.metadata_csum {
                     dirent::set_tail(&mut data, fs.inode_seed(ino, i));
                 }
@@ -354,8 +359,20 @@ impl Filesystem {
                 format!("directory inode {ino}"),
             ));
         }
-        if want_dir && self.read_dir(ino)?.iter().any(|e| e.name != b"." && e.name != b"..") {
-            return Err(Error::NotEmpty(shown()));
+        if want_dir {
+            let entries = self.read_dir(ino)?;
+            if !Self::only_dot_entries(ino, &entries) {
+                return Err(Error::NotEmpty(shown()));
+            }
+            // A directory named from elsewhere than its parent (a hard link to a
+            // directory, which the kernel never makes) would leave that parent's
+            // link count wrong and the other name dangling.
+            if entries[1].ino != parent {
+                return Err(Error::corrupt(
+                    format!("'..' names inode {}, not the parent {parent} it is removed from", entries[1].ino),
+                    format!("directory inode {ino}"),
+                ));
+            }
         }
         if want_dir || inode.i_links_count <= 1 {
             self.check_releasable(ino, &inode)?;
@@ -389,16 +406,14 @@ impl Filesystem {
         tx.finish()
     }
 
-    /// Reads and checks everything `release_inode` would free (extent tree, xattr
-    /// block), so that damage there refuses the change before any name is removed.
+    /// Reads and checks everything `release_inode` would free (extent tree or block
+    /// map, xattr block), so that damage there refuses the change before any name
+    /// is removed.
     pub(crate) fn check_releasable(&self, ino: u32, inode: &Inode) -> Result<()> {
         if inode.has_flag(EXT4_EXTENTS_FL) {
             self.collect_extents(ino, inode)?;
-        } else if !(inode.has_flag(EXT4_INLINE_DATA_FL)
-            || inode.is_symlink()
-            || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK))
-        {
-            return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
+        } else if self.has_block_map(inode) {
+            self.ind_check_releasable(ino, inode)?;
         }
         if inode.i_file_acl != 0 {
             self.xattr_block(ino, inode.i_file_acl)?;
@@ -409,13 +424,8 @@ impl Filesystem {
 
     /// Frees an unlinked inode's blocks and its number.
     pub(crate) fn release_inode(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
-        if inode.has_flag(EXT4_EXTENTS_FL) {
+        if inode.has_flag(EXT4_EXTENTS_FL) || self.has_block_map(inode) {
             self.free_all_extents(tx, ino, inode)?;
-        } else if !(inode.has_flag(EXT4_INLINE_DATA_FL)
-            || inode.is_symlink()
-            || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK))
-        {
-            return Err(Error::unsupported(format!("freeing block-mapped inode {ino}")));
         }
         self.release_xattr_block(tx, ino, inode)?;
         inode.i_dtime = now().sec as u32;

@@ -362,16 +362,8 @@ impl Filesystem {
         if !self.inode_allocated(ino)? {
             return Err(bad("which is not in use"));
         }
-        // What release_inode cannot free must refuse now, not half-way through.
+        // What release_inode would find damaged must refuse now, not half-way through.
         let inode = self.inode(ino)?;
-        let blockless = inode.has_flag(EXT4_INLINE_DATA_FL)
-            || inode.is_symlink()
-            || matches!(inode.file_type(), S_IFIFO | S_IFSOCK | S_IFCHR | S_IFBLK);
-        if inode.i_links_count == 0 && !inode.has_flag(EXT4_EXTENTS_FL) && !blockless {
-            return Err(Error::unsupported(format!(
-                "{record} names inode {ino}, which is block-mapped: uext4 cannot free it (e2fsck -fy can)"
-            )));
-        }
         if inode.i_links_count == 0 {
             self.check_releasable(ino, &inode)?;
         }
@@ -388,7 +380,7 @@ impl Filesystem {
             return Ok(true);
         }
         // A truncate that did not finish: blocks past i_size go.
-        if inode.is_reg() && inode.has_flag(EXT4_EXTENTS_FL) {
+        if inode.is_reg() && (inode.has_flag(EXT4_EXTENTS_FL) || self.has_block_map(&inode)) {
             let bs = self.vol.geo.block_size as u64;
             let keep = inode.i_size.div_ceil(bs);
             self.extent_truncate(tx, ino, &mut inode, keep)?;

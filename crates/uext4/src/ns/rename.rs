@@ -118,7 +118,7 @@ impl Filesystem {
         // one waiting behind us finds it removed (`require_live_dir`).
         self.require_live_dir(dst_dir)?;
         if let (false, Some(d), true) = (exchange, dst, dst_is_dir) {
-            if self.read_dir(d)?.iter().any(|e| e.name != b"." && e.name != b"..") {
+            if !Self::only_dot_entries(d, &self.read_dir(d)?) {
                 return Err(Error::NotEmpty(shown(dst_name)));
             }
         }

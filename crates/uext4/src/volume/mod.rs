@@ -345,7 +345,10 @@ impl Volume {
         for (g, gd) in self.groups.iter().enumerate() {
             let gd = gd.read();
             let start = self.group_first_block(g as u32);
-            let base = self.base_meta_blocks(g as u32);
+            // Bigalloc with 1 KiB blocks starts group 0 at block 0, the boot block,
+            // before the superblock.
+            let boot = u64::from(start == 0 && self.geo.block_size == 1024);
+            let base = self.base_meta_blocks(g as u32) + boot;
             if base > 0 {
                 ranges.push((start, start + base, format!("group {g} superblock and descriptors")));
             }
@@ -446,15 +449,19 @@ pub fn group_desc_location(sb: &Superblock, group: u32) -> (u64, usize) {
     let desc_size = sb.desc_size() as u64;
     let per_block = bs / desc_size;
     let first = sb.s_first_data_block as u64;
+    // The block the primary superblock lies in: 1 with 1 KiB blocks (even when
+    // bigalloc starts the first group at block 0), else 0.
+    let sb_block = u64::from(bs == 1024);
     let index_in_block = (group as u64 % per_block) as usize * desc_size as usize;
     let meta_group = group as u64 / per_block;
     if !sb.has_incompat(INCOMPAT_META_BG) || meta_group < sb.s_first_meta_bg as u64 {
-        return (first + 1 + meta_group, index_in_block);
+        return (sb_block + 1 + meta_group, index_in_block);
     }
     // meta_bg: each meta group's descriptor block sits in its first group,
-    // after the superblock backup if that group has one.
+    // after the superblock backup if that group has one (group 0's superblock
+    // is at block 1 with 1 KiB blocks, as e2fsprogs' ext2fs_descriptor_block_loc2).
     let g0 = meta_group * per_block;
-    let group_start = first + g0 * sb.s_blocks_per_group as u64;
+    let group_start = (first + g0 * sb.s_blocks_per_group as u64).max(sb_block);
     let has_super = u64::from(group_has_superblock(sb, g0 as u32));
     (group_start + has_super, index_in_block)
 }

@@ -102,6 +102,12 @@ impl Mount {
         Mount { dir, mounted: true, _holder: holder }
     }
 
+    /// Takes over a mount made elsewhere at `dir` (one whose failure the caller
+    /// handles itself), to be undone the same way.
+    pub fn adopt(dir: PathBuf) -> Mount {
+        Mount { dir, mounted: true, _holder: tempfile::tempdir().unwrap() }
+    }
+
     /// Unmounts now, panicking if the kernel will not let go.
     pub fn unmount(mut self) {
         self.mounted = false;
@@ -170,4 +176,34 @@ pub fn content_digest(fs: &Filesystem, st: &Stat) -> uext4::Result<Vec<u8>> {
         _ => Vec::new(),
     };
     Ok(Sha256::digest(&data).to_vec())
+}
+
+/// The image shapes the kernel writes besides mkfs.ext4's defaults that uext4
+/// writes too (issue 15): (name, mkfs program, its arguments, upgraded afterwards
+/// with `tune2fs -O extent`). Images of 128 MiB or less get 1 KiB blocks, so
+/// block-mapped files reach their triple indirect blocks at 64 MiB.
+pub const WRITE_SHAPES: &[(&str, &str, &[&str], bool)] = &[
+    ("-O ^extent", "mkfs.ext4", &["-O", "^extent,^64bit"], false),
+    ("-O ^filetype", "mkfs.ext4", &["-O", "^filetype"], false),
+    ("-O ^dir_index", "mkfs.ext4", &["-O", "^dir_index"], false),
+    ("-O ^has_journal", "mkfs.ext4", &["-O", "^has_journal"], false),
+    ("mkfs.ext3", "mkfs.ext3", &[], false),
+    ("mkfs.ext2", "mkfs.ext2", &[], false),
+    ("mkfs.ext2 -O ^filetype,^dir_index", "mkfs.ext2", &["-O", "^filetype,^dir_index"], false),
+    ("mkfs.ext3, tune2fs -O extent", "mkfs.ext3", &[], true),
+];
+
+/// Makes `image` of `size` in a shape of `WRITE_SHAPES` (without its upgrade).
+pub fn make_shape(image: &Path, program: &str, args: &[&str], size: &str) {
+    run(Command::new(program).args(["-q", "-F"]).args(args).arg(image).arg(size));
+}
+
+/// `tune2fs -O extent`: the upgrade that leaves the files already there block-mapped.
+pub fn upgrade_to_extents(image: &Path) {
+    run(Command::new("tune2fs").args(["-O", "extent"]).arg(image));
+}
+
+/// Whether the image has the extent feature (dumpe2fs -h).
+pub fn has_extent_feature(image: &Path) -> bool {
+    dumpe2fs_field(image, "Filesystem features").is_some_and(|f| f.split_whitespace().any(|w| w == "extent"))
 }
