@@ -76,7 +76,7 @@ impl Filesystem {
             inode.i_block = Self::empty_extent_root();
         }
         if size > 0 {
-            self.alloc.ensure_space(8)?;
+            let _space = self.alloc.ensure_space(8)?;
             let (blk, _) = self.alloc.alloc_blocks(tx, self.inode_goal(ino), 1)?;
             if inode.is_dir() {
                 let buf = self.vol.cache.get_new(blk);

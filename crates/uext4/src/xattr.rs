@@ -241,9 +241,10 @@ impl Filesystem {
             return Err(Error::NoSpace(format!("attributes of inode {ino} do not fit one {bs}-byte block")));
         }
         let needs_block = !block.is_empty();
-        if needs_block && (old_block == 0 || old_refcount > 1) {
-            self.alloc.ensure_space(1)?;
-        }
+        let _space = match needs_block && (old_block == 0 || old_refcount > 1) {
+            true => Some(self.alloc.ensure_space(1)?),
+            false => None,
+        };
         let mut tx = self.begin(4)?;
 
         let body: Vec<(u8, Vec<u8>, Vec<u8>)> = body.into_iter().map(|a| (a.index, a.suffix, a.value)).collect();

@@ -192,7 +192,11 @@ fn freed_blocks_wait_for_the_commit_of_the_transaction_that_freed_them() {
     tx.finish().unwrap();
     assert_eq!(alloc.free_blocks(), free_before + 16, "free on disk at once");
     assert_eq!(alloc.pending_free_blocks(), 16);
-    assert_eq!(alloc.allocatable_blocks(), free_before, "but not allocatable before the commit");
+    assert_eq!(
+        alloc.allocatable_blocks(),
+        free_before - alloc.emergency_blocks,
+        "but not allocatable before the commit"
+    );
 
     // Before the commit, a crash would bring their owner back: the goal moves on.
     let mut tx = vol.begin(4).unwrap();
@@ -278,4 +282,67 @@ fn e2fsck_sees_exactly_the_unowned_runs_and_nothing_once_they_are_freed() {
     vol.cache.flush().unwrap();
     let (code, report) = e2fsck(&dev).expect("e2fsck ran above");
     assert_eq!(code, 0, "{report}");
+}
+
+/// A promise holds its blocks against every other caller until its guard
+/// drops; the promised operation's own allocations get them when nothing else
+/// is left; the emergency pool goes only to changes that can no longer be
+/// refused (an allocation that finds nothing else).
+#[test]
+fn promised_blocks_stay_with_their_operation_until_it_ends() {
+    let (_dev, vol, alloc) = volume(&["^has_journal"]);
+    let root = crate::alloc::Owner { uid: 0, gid: 0 };
+    let _root = crate::alloc::acting_as(root);
+    let start_free = alloc.free_blocks();
+    let emergency = alloc.emergency_blocks;
+    assert_eq!(emergency, (IMAGE_BYTES / 1024 / 50).min(4096), "the kernel's s_resv_clusters");
+    // Fill the disk down to 100 blocks above the emergency pool.
+    let mut taken = Vec::new();
+    let mut tx = vol.begin(64).unwrap();
+    while alloc.allocatable_blocks() > 100 {
+        let want = (alloc.allocatable_blocks() - 100).min(8192) as u32;
+        taken.push(alloc.alloc_blocks(&mut tx, 0, want).unwrap());
+    }
+    tx.finish().unwrap();
+    assert_eq!(alloc.allocatable_blocks(), 100);
+
+    let promise = alloc.ensure_space(60).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _root = crate::alloc::acting_as(root);
+            assert_eq!(alloc.allocatable_blocks(), 40, "another thread sees what is unpromised");
+            assert!(alloc.ensure_space(41).is_err(), "and cannot be promised more");
+            let mut tx = vol.begin(4).unwrap();
+            let got = alloc.alloc_blocks(&mut tx, 0, 100).unwrap();
+            tx.finish().unwrap();
+            assert_eq!(got.1, 40, "an allocation takes nothing of another's promise");
+            got
+        })
+        .join()
+        .map(|got| taken.push(got))
+        .unwrap()
+    });
+    let mut tx = vol.begin(4).unwrap();
+    let got = alloc.alloc_blocks(&mut tx, 0, 100).unwrap();
+    tx.finish().unwrap();
+    assert_eq!(got.1, 60, "the promised operation gets its 60");
+    taken.push(got);
+    drop(promise);
+    assert_eq!((alloc.allocatable_blocks(), alloc.promised_blocks()), (0, 0), "every claim settled");
+    assert!(alloc.ensure_space(1).is_err(), "only the emergency pool is left");
+    assert_eq!(alloc.available_blocks(), 0);
+
+    let mut tx = vol.begin(4).unwrap();
+    let last = alloc.alloc_blocks(&mut tx, 0, 5).unwrap();
+    tx.finish().unwrap();
+    assert_eq!(last.1, 5, "a change that can no longer be refused takes from the emergency pool");
+    assert_eq!(alloc.free_blocks(), emergency - 5);
+    taken.push(last);
+
+    let mut tx = vol.begin(64).unwrap();
+    for (start, len) in taken {
+        alloc.free_blocks_range(&mut tx, start, len as u64).unwrap();
+    }
+    tx.finish().unwrap();
+    assert_eq!(alloc.free_blocks(), start_free);
 }

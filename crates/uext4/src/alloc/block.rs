@@ -104,12 +104,18 @@ impl Allocator {
     /// `NoSpace` when no group has a free block the caller may take; `Corrupt`
     /// when a bitmap fails its checksum.
     pub fn alloc_blocks(&self, tx: &mut Handle, goal: u64, max_len: u32) -> Result<(u64, u32)> {
-        let reserved = self.reserved_blocks();
-        let free = self.allocatable_blocks();
-        if free <= reserved {
-            return Err(Error::NoSpace(format!("{free} free blocks, {reserved} reserved")));
-        }
-        let max_len = (max_len as u64).min(free - reserved).max(1) as u32;
+        let Some(claim) = self.claim(max_len.max(1) as u64) else {
+            return Err(Error::NoSpace(format!(
+                "{} free blocks, all promised to operations in flight or freed since the last commit",
+                self.free_blocks()
+            )));
+        };
+        let found = self.alloc_claimed(tx, goal, (claim.0 + claim.1) as u32);
+        self.settle(claim, found.as_ref().map_or(0, |&(_, len)| len as u64));
+        found
+    }
+
+    fn alloc_claimed(&self, tx: &mut Handle, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         let goal = goal.clamp(self.vol.geo.first_data_block as u64, self.vol.geo.blocks_count - 1);
         let first_group = self.vol.group_of_block(goal);
         let groups = self.vol.geo.group_count;

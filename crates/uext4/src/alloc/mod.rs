@@ -20,6 +20,7 @@
 
 pub mod block;
 pub mod inode;
+mod reserve;
 
 use crate::error::{Error, Result};
 use crate::journal::log::HANDLES_HELD;
@@ -31,6 +32,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use inode::{InodePolicy, MainlinePolicy};
+pub use reserve::Reservation;
 
 /// A user and a group: the owner of a new inode, and who a call acts as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +159,11 @@ pub struct Allocator {
     deferred: Mutex<BTreeMap<u64, Vec<(u64, u64)>>>,
     /// How many blocks `deferred` holds: subtracted from what may be handed out.
     pending_free_blocks: AtomicU64,
+    /// Blocks promised to operations in flight and claimed by allocations in
+    /// progress (see reserve.rs).
+    promised: AtomicU64,
+    /// The kernel's s_resv_clusters: kept for changes that can no longer be refused.
+    emergency_blocks: u64,
 }
 
 impl Allocator {
@@ -172,6 +179,8 @@ impl Allocator {
             policy,
             deferred: Mutex::new(BTreeMap::new()),
             pending_free_blocks: AtomicU64::new(0),
+            promised: AtomicU64::new(0),
+            emergency_blocks: Self::emergency_pool(vol.geo.blocks_count, vol.geo.has_extents),
             vol,
         }
     }
@@ -193,10 +202,33 @@ impl Allocator {
         self.pending_free_blocks.load(Ordering::Relaxed)
     }
 
-    /// Free blocks that may be handed out now: blocks freed by transactions not
-    /// yet committed are free on disk but not reusable until they commit.
+    /// Free blocks an ordinary allocation of the calling thread may take now
+    /// (before the reserved blocks, which `reserved_blocks` accounts for): blocks
+    /// freed by transactions not yet committed are free on disk but not reusable
+    /// until they commit, blocks promised to other operations are theirs, and
+    /// the emergency pool is kept for changes that can no longer be refused.
     pub(crate) fn allocatable_blocks(&self) -> u64 {
-        self.free_blocks().saturating_sub(self.pending_free_blocks())
+        let promised_elsewhere = self.promised.load(Ordering::SeqCst).saturating_sub(self.held_here());
+        self.free_blocks()
+            .saturating_sub(self.pending_free_blocks())
+            .saturating_sub(promised_elsewhere)
+            .saturating_sub(self.emergency_blocks)
+    }
+
+    /// Free blocks an ordinary caller could be promised: the free count less
+    /// what is promised, the emergency pool and the reserved blocks (statfs's
+    /// f_bavail, as the kernel's ext4_statfs counts it).
+    pub fn available_blocks(&self) -> u64 {
+        let reserved = self.vol.sb.read().s_r_blocks_count;
+        self.free_blocks()
+            .saturating_sub(self.promised.load(Ordering::SeqCst))
+            .saturating_sub(reserved + self.emergency_blocks)
+    }
+
+    /// Blocks promised to operations in flight (statfs leaves them out of
+    /// f_bfree, as the kernel leaves out its dirty clusters).
+    pub fn promised_blocks(&self) -> u64 {
+        self.promised.load(Ordering::SeqCst)
     }
 
     /// Whether `who` may take the reserved blocks.
@@ -250,38 +282,41 @@ impl Allocator {
         self.allocatable_blocks() < reserved + LOW_SPACE_BLOCKS
     }
 
-    /// Refuses (before anything changes) an operation that could need more than
-    /// `blocks` free blocks beyond those the caller may not take (the reserved
-    /// ones, unless privileged): a change must not run out of space halfway (a
+    /// Promises (before anything changes) the `blocks` an operation could need
+    /// at most, beyond those the caller may not take (the reserved ones, unless
+    /// privileged, and the emergency pool): held for the operation while the
+    /// returned guard lives, so a change never runs out of space halfway (a
     /// handle cannot be undone once it has dirtied buffers).
     ///
     /// # Errors
     /// `NoSpace` when not enough blocks are free, after letting the frees of
     /// uncommitted transactions commit once when the caller holds no handle.
-    pub(crate) fn ensure_space(&self, blocks: u64) -> Result<()> {
-        let reserved = self.reserved_blocks();
-        let mut free = self.allocatable_blocks();
-        if free < reserved + blocks {
-            if let Some(journal) = self.vol.journal() {
-                // Blocks freed by transactions not yet committed come back when
-                // they commit: wait for that once and look again, as the kernel's
-                // ext4_should_retry_alloc does (the journal thread takes no lock
-                // the caller may hold; inside a handle we cannot wait).
-                let pending = self.pending_free_blocks() > 0;
-                if pending && HANDLES_HELD.with(|h| h.get()) == 0 {
-                    journal.commit_all()?;
-                    free = self.allocatable_blocks();
-                } else if pending {
-                    journal.request_commit();
+    pub(crate) fn ensure_space(&self, blocks: u64) -> Result<Reservation<'_>> {
+        if let Some(promise) = self.try_promise(blocks) {
+            return Ok(promise);
+        }
+        if let Some(journal) = self.vol.journal() {
+            // Blocks freed by transactions not yet committed come back when
+            // they commit: wait for that once and look again, as the kernel's
+            // ext4_should_retry_alloc does (the journal thread takes no lock
+            // the caller may hold; inside a handle we cannot wait).
+            let pending = self.pending_free_blocks() > 0;
+            if pending && HANDLES_HELD.with(|h| h.get()) == 0 {
+                journal.commit_all()?;
+                if let Some(promise) = self.try_promise(blocks) {
+                    return Ok(promise);
                 }
+            } else if pending {
+                journal.request_commit();
             }
         }
-        if free < reserved + blocks {
-            return Err(Error::NoSpace(format!(
-                "{free} free blocks (not counting those freed since the last commit), {reserved} reserved, up to {blocks} needed"
-            )));
-        }
-        Ok(())
+        let reserved = self.reserved_blocks();
+        Err(Error::NoSpace(format!(
+            "{} free blocks (not counting those freed since the last commit or promised to other operations), \
+             {reserved} reserved, {} kept for changes that cannot be refused, up to {blocks} needed",
+            self.allocatable_blocks(),
+            self.emergency_blocks
+        )))
     }
 }
 

@@ -76,9 +76,10 @@ impl Filesystem {
         let bs = self.vol.geo.block_size as u64;
         let (first_block, end_block) = (offset / bs, end.div_ceil(bs));
         let to_allocate = if punch { 0 } else { self.unmapped_blocks(ino, first_block, end_block)? };
-        if !punch {
-            self.alloc.ensure_space(to_allocate + TREE_SPACE_BLOCKS)?;
-        }
+        let _space = match punch {
+            true => None,
+            false => Some(self.alloc.ensure_space(to_allocate + TREE_SPACE_BLOCKS)?),
+        };
         let grows = !punch && mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.i_size;
         let mut tx = self.begin(32)?;
         self.uninline(&mut tx, ino)?;

@@ -92,7 +92,7 @@ impl Filesystem {
             let pblk = match self.map_blocks(ino, inode, lblk, 1)?.kind {
                 MapKind::Mapped(p) => p,
                 MapKind::Unwritten(p) => {
-                    self.alloc.ensure_space(DATA_SPACE_BLOCKS)?;
+                    let _space = self.alloc.ensure_space(DATA_SPACE_BLOCKS)?;
                     // Preallocated but never written: its old bytes must not show, so
                     // what this write leaves of the block becomes zeros.
                     if n < bs as usize {
@@ -103,7 +103,7 @@ impl Filesystem {
                 }
                 MapKind::Hole => {
                     // Out of space: a short write, or ENOSPC if nothing was written.
-                    self.alloc.ensure_space(DATA_SPACE_BLOCKS)?;
+                    let _space = self.alloc.ensure_space(DATA_SPACE_BLOCKS)?;
                     // The whole hole this write covers is allocated as one run.
                     let want_blocks = (in_block as u64 + (data.len() - *done) as u64).div_ceil(bs);
                     let hole = self.map_blocks(ino, inode, lblk, want_blocks)?.len;

@@ -126,7 +126,7 @@ impl Filesystem {
         // The parent's inode lock comes before the handle (see journal/handle.rs).
         let _parent_lock = self.inode_locks.lock(parent as u64);
         self.require_live_dir(parent)?;
-        self.ensure_space_for_name(parent, name, init_blocks)?;
+        let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
         let mut tx = self.begin(8)?;
         let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, parent, is_dir)?;
         let mut inode = self.new_inode(mode, owner);
@@ -180,9 +180,15 @@ impl Filesystem {
     /// disk cannot hold: the name's worst case while space is plentiful; on a
     /// nearly full disk only what it needs (nothing when it fits in the directory
     /// as it is, so an empty file can still be made, as with the kernel).
-    pub(crate) fn ensure_space_for_name(&self, dir: u32, name: &[u8], blocks: u64) -> Result<()> {
-        if self.alloc.ensure_space(NAME_SPACE_BLOCKS + blocks).is_ok() {
-            return Ok(());
+    /// The blocks are promised to the caller while the returned guard lives.
+    pub(crate) fn ensure_space_for_name(
+        &self,
+        dir: u32,
+        name: &[u8],
+        blocks: u64,
+    ) -> Result<Option<crate::alloc::Reservation<'_>>> {
+        if let Ok(promise) = self.alloc.ensure_space(NAME_SPACE_BLOCKS + blocks) {
+            return Ok(Some(promise));
         }
         let dir_inode = self.inode(dir)?;
         let needed = match self.entry_needs_block(dir, &dir_inode, name)? {
@@ -190,9 +196,9 @@ impl Filesystem {
             false => blocks,
         };
         if needed > 0 {
-            self.alloc.ensure_space(needed)?;
+            return Ok(Some(self.alloc.ensure_space(needed)?));
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Creates an empty regular file.
@@ -304,7 +310,7 @@ impl Filesystem {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
         self.require_live_dir(parent)?;
-        self.ensure_space_for_name(parent, name, 0)?;
+        let _space = self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
         let _structure = self.dir_structure.write(parent as u64);
         self.uninline(&mut tx, parent)?;
@@ -430,6 +436,10 @@ impl Filesystem {
         self.release_xattr_block(tx, ino, inode)?;
         inode.i_dtime = now().sec as u32;
         inode.i_size = 0;
+        // The slot says "no links" before its bit says "free": an allocation in
+        // another thread that takes the bit at once must find a dead slot
+        // (allocation refuses a free bit over a live slot as corruption).
+        self.write_inode(tx, ino, inode)?;
         self.alloc.free_inode(tx, ino, inode.is_dir())
     }
 }

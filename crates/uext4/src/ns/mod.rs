@@ -216,7 +216,8 @@ pub struct StatFs {
     pub block_size: u32,
     pub blocks: u64,
     pub free_blocks: u64,
-    /// Free blocks an unprivileged user may take (less the reserved ones).
+    /// Free blocks an unprivileged user may take (less the reserved ones and
+    /// the emergency pool).
     pub available_blocks: u64,
     pub inodes: u64,
     pub free_inodes: u64,
@@ -227,13 +228,15 @@ impl Filesystem {
     /// statfs(2) as the kernel's ext4_statfs answers it: `blocks` leaves out the
     /// metadata overhead, so `df` on a uext4 mount agrees with the kernel's.
     pub fn statfs(&self) -> StatFs {
-        let reserved = self.vol.sb.read().s_r_blocks_count;
-        let free = self.free_blocks();
+        // As the kernel's ext4_statfs: blocks promised to operations in flight
+        // are not free, and the emergency pool (s_resv_clusters) is not
+        // available, like the reserved blocks.
+        let free = self.free_blocks().saturating_sub(self.alloc.promised_blocks());
         StatFs {
             block_size: self.vol.geo.block_size as u32,
             blocks: self.vol.geo.blocks_count.saturating_sub(self.overhead_blocks()),
             free_blocks: free,
-            available_blocks: free.saturating_sub(reserved),
+            available_blocks: self.alloc.available_blocks(),
             inodes: self.vol.geo.inodes_count as u64,
             free_inodes: self.free_inodes(),
             name_max: crate::format::dirent::EXT4_NAME_LEN as u32,

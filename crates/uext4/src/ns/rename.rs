@@ -134,11 +134,13 @@ impl Filesystem {
         for ino in dirs {
             inline |= self.inode(ino)?.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL);
         }
-        if inline {
-            self.alloc.ensure_space(super::change::NAME_SPACE_BLOCKS)?;
+        let _space = if inline {
+            Some(self.alloc.ensure_space(super::change::NAME_SPACE_BLOCKS)?)
         } else if dst.is_none() {
-            self.ensure_space_for_name(dst_dir, dst_name, 0)?;
-        }
+            self.ensure_space_for_name(dst_dir, dst_name, 0)?
+        } else {
+            None
+        };
         let mut tx = self.begin(24)?;
         // Every directory whose blocks may change (the parents, and moved or
         // replaced directories: their ".." and inline conversion), write-locked in
