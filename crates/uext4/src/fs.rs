@@ -581,6 +581,14 @@ impl Filesystem {
 }
 
 impl Filesystem {
+    /// Drops the cached metadata blocks that are clean and held by nobody, as
+    /// the kernel's drop_caches does: later accesses read them from the device
+    /// again (for cold-cache measurements, and for tests that need reads to
+    /// happen). Parsed inodes stay cached. Returns how many blocks went.
+    pub fn drop_caches(&self) -> usize {
+        self.vol.cache.drop_clean()
+    }
+
     /// Writes the superblock's counters and every change home (through the journal
     /// when there is one, leaving it empty), then flushes the device.
     pub fn sync(&self) -> Result<()> {

@@ -18,6 +18,11 @@
 //! The workload runs once in full to count its writes; the cut points are spread
 //! evenly over them. Each cut is a fresh run from the same starting image, which
 //! stops after the operation during which the cut fell (the process dies there).
+//!
+//! Further phases below: files held open while unlinked, renamed over and
+//! truncated; I/O errors in the middle of every kind of operation; ext3 and an
+//! upgraded ext3; and shapes that change shape (inline data moving to blocks,
+//! directories turning into htrees, shared xattr blocks copied on write).
 
 mod oracle;
 
@@ -172,6 +177,16 @@ impl Model {
 
 /// Runs the workload until it ends or the device has been cut; returns the model.
 fn run_workload(fs: &Filesystem, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) -> Model {
+    run_workload_then(fs, writes, is_cut, &|| {})
+}
+
+/// `run_workload`, calling `after_op` after every operation.
+fn run_workload_then(
+    fs: &Filesystem,
+    writes: &dyn Fn() -> u64,
+    is_cut: &dyn Fn() -> bool,
+    after_op: &dyn Fn(),
+) -> Model {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut m = Model::default();
     m.dir_paths.insert(ROOT_INO, String::new());
@@ -183,6 +198,7 @@ fn run_workload(fs: &Filesystem, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> 
         if let Err(e) = result {
             panic!("operation {op} failed before any write was lost: {e}");
         }
+        after_op();
     }
     m
 }
@@ -914,6 +930,16 @@ fn io_options() -> Options {
     Options { cache_mb: 1, ..options() }
 }
 
+/// The workload of the I/O phase: after every operation the clean cached
+/// blocks are dropped, so the next operation reads its metadata from the
+/// device (bitmaps, inode tables, directory and tree blocks), and read faults
+/// land in the middle of operations as often as write faults do.
+fn run_io_workload(fs: &Filesystem, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) -> Model {
+    run_workload_then(fs, writes, is_cut, &|| {
+        fs.drop_caches();
+    })
+}
+
 fn io_error_and_recover(base: &[u8], fault: Fault, scratch: &Path, kernel_too: bool) -> (usize, bool, bool) {
     let mem = Arc::new(MemDevice::new(base.to_vec()));
     let dev = Arc::new(FaultDevice::new(mem.clone(), fault));
@@ -926,7 +952,7 @@ fn io_error_and_recover(base: &[u8], fault: Fault, scratch: &Path, kernel_too: b
         }
         Err(e) => panic!("{fault:?}: open failed without the fault: {e}"),
     };
-    let model = run_workload(&fs, &|| dev.writes(), &|| dev.is_cut());
+    let model = run_io_workload(&fs, &|| dev.writes(), &|| dev.is_cut());
     if !dev.is_cut() {
         let _ = fs.sync();
     }
@@ -995,7 +1021,7 @@ fn io_errors_in_the_middle_of_operations() {
     let dev = Arc::new(FaultDevice::new(Arc::new(MemDevice::new(base.clone())), Fault::None));
     let fs = Filesystem::open_device(dev.clone(), io_options()).unwrap();
     let (reads_open, writes_open) = (dev.reads(), dev.writes());
-    run_workload(&fs, &|| dev.writes(), &|| false);
+    run_io_workload(&fs, &|| dev.writes(), &|| false);
     fs.sync().unwrap();
     let (reads, writes) = (dev.reads(), dev.writes());
     drop(fs);
@@ -1005,9 +1031,7 @@ fn io_errors_in_the_middle_of_operations() {
         v.dedup();
         v
     };
-    // The cache serves nearly every read after the open, so reads offer few
-    // points: every one of them (those of the open too) fails once, and writes
-    // make up the rest.
+    // Half the faults on reads (those of the open too), the rest on writes.
     let mut faults: Vec<Fault> =
         spread(1, reads + 1, (total / 2).min(reads as usize)).into_iter().map(Fault::FailRead).collect();
     let on_writes = total - faults.len();
@@ -1031,11 +1055,13 @@ fn io_errors_in_the_middle_of_operations() {
         }
     });
     let (promised, errored, early) = (promised.into_inner(), errored.into_inner(), early.into_inner());
+    let on_reads = faults.iter().filter(|f| matches!(f, Fault::FailRead(_))).count();
     eprintln!(
-        "{} injected I/O errors: {errored} put the filesystem in its error state, the rest failed cleanly; \
-         {promised} fsync'd files verified; {early} runs ended before their fault",
+        "{} injected I/O errors ({on_reads} on reads): {errored} put the filesystem in its error state, the rest \
+         failed cleanly; {promised} fsync'd files verified; {early} runs ended before their fault",
         faults.len()
     );
+    assert!(on_reads >= faults.len() * 2 / 5, "only {on_reads} faults fall on reads");
     assert!(faults.len() >= total * 9 / 10, "only {} distinct faults", faults.len());
     assert!(early <= faults.len() / 20, "{early} runs ended before their fault");
     assert!(errored > 0, "no fault reached the error state: the phase tests nothing");
@@ -1216,4 +1242,277 @@ fn power_cuts_on_ext3() {
 #[test]
 fn power_cuts_on_an_ext3_upgraded_with_tune2fs() {
     ext3_phase(true);
+}
+
+// ---------------------------------------------------------------------------
+// Phase: shapes that change shape. The kernel makes the base image (inline_data):
+// small files and directories stored in their inodes, files whose identical
+// xattrs the kernel puts in one shared xattr block (refcount above 1), and a
+// directory a few bursts of creates away from turning into an htree. uext4 then
+// runs the workload on it, with bursts of creates in that directory (linear to
+// htree, then leaf splits) and changes of the shared xattrs (each copied before
+// it changes) beside the ordinary operations (appends move inline files to
+// extents; creates in inline directories move them to blocks). Power cuts and
+// torn writes are spread over its writes; after each, uext4's recovery (and on
+// every 8th cut, on a copy, the kernel's) must leave e2fsck -fn silent and every
+// promised file intact: those fsync'd before the cut, and every file of the base
+// that no later operation touched.
+//
+// UEXT4_CRASH_SHAPES_CUTS=N sets the power cuts (default 400).
+
+const SHAPES_OPS: usize = 700;
+const SHAPES_CUTS_DEFAULT: usize = 400;
+const BIG_DIR_BASE: usize = 90;
+const SHARED_XATTR_FILES: usize = 10;
+
+/// A name of 24 bytes: about 150 fit a 4 KiB directory block.
+fn big_name(i: usize) -> String {
+    format!("entry-of-big-dir-{i:07}")
+}
+
+/// The kernel's base image, and the model of what it holds (every file promised).
+fn shapes_base(work: &Path) -> (Vec<u8>, Model) {
+    let image = work.join("shapes.img");
+    std::fs::write(&image, vec![0u8; 48 << 20]).unwrap();
+    oracle::run(
+        std::process::Command::new("mkfs.ext4")
+            .args(["-F", "-q", "-b", "4096", "-I", "256", "-N", "4096", "-O", "inline_data"])
+            .arg(&image),
+    );
+    {
+        let m = oracle::Mount::new(&image, "");
+        let root = &m.dir;
+        std::fs::create_dir(root.join("inl")).unwrap();
+        for i in 0..40usize {
+            // 10 to 166 bytes: in i_block alone, or spilling into system.data.
+            let body: Vec<u8> = (0..10 + i * 4).map(|k| (k * 7 + i) as u8).collect();
+            std::fs::write(root.join(format!("inl/i{i}")), body).unwrap();
+        }
+        for d in 0..10 {
+            let dir = root.join(format!("idir{d}"));
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("a"), format!("small {d}")).unwrap();
+        }
+        std::fs::create_dir(root.join("xa")).unwrap();
+        for i in 0..SHARED_XATTR_FILES {
+            let f = root.join(format!("xa/x{i}"));
+            std::fs::write(&f, format!("shared xattrs {i}")).unwrap();
+            for (name, fill) in [("user.a", "A"), ("user.b", "B")] {
+                oracle::run(
+                    std::process::Command::new("setfattr").args(["-n", name, "-v", &fill.repeat(1500)]).arg(&f),
+                );
+            }
+        }
+        std::fs::create_dir(root.join("big")).unwrap();
+        for i in 0..BIG_DIR_BASE {
+            std::fs::write(root.join("big").join(big_name(i)), b"").unwrap();
+        }
+        m.unmount();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    // The kernel shared one xattr block among the files (mbcache).
+    let x0 = oracle::run(std::process::Command::new("debugfs").args(["-R", "stat /xa/x0"]).arg(&image));
+    let x1 = oracle::run(std::process::Command::new("debugfs").args(["-R", "stat /xa/x1"]).arg(&image));
+    let acl = |s: &str| s.lines().find(|l| l.contains("File ACL:")).map(str::to_string);
+    assert!(acl(&x0).is_some() && acl(&x0) == acl(&x1), "the kernel did not share the xattr block:\n{x0}\n{x1}");
+
+    // The model of the base, read through uext4; every file promised as of the image.
+    let base = std::fs::read(&image).unwrap();
+    let fs = Filesystem::open_device(Arc::new(MemDevice::new(base.clone())), Options::default()).unwrap();
+    let mut m = Model::default();
+    m.dir_paths.insert(ROOT_INO, String::new());
+    let mut dirs = vec![ROOT_INO];
+    while let Some(dir) = dirs.pop() {
+        for e in fs.read_dir(dir).unwrap() {
+            if e.name == b"." || e.name == b".." || e.name == b"lost+found" {
+                continue;
+            }
+            let name = String::from_utf8(e.name.clone()).unwrap();
+            let path = m.path_in(dir, &name);
+            let st = fs.stat(e.ino).unwrap();
+            let kind = if st.file_type == uext4::FileType::Directory { Kind::Dir } else { Kind::File };
+            m.add(path.clone(), Entry { parent: dir, name, kind, ino: e.ino });
+            if kind == Kind::Dir {
+                dirs.push(e.ino);
+            } else {
+                let content = fs.read_all(e.ino).unwrap();
+                m.set_content(e.ino, content.clone());
+                m.synced.insert(path, Synced { op: 0, ino: e.ino, content, writes_at_return: 0 });
+            }
+        }
+    }
+    (base, m)
+}
+
+/// One operation of the shapes workload: a burst of creates in /big, a change
+/// of a shared xattr, or one of the ordinary workload's.
+fn shapes_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize, writes: &dyn Fn() -> u64) -> uext4::Result<()> {
+    match rng.below(100) {
+        0..=14 => {
+            let big = m.entries["/big"].ino;
+            for _ in 0..20 {
+                m.next_name += 1;
+                let name = big_name(100_000 + m.next_name as usize);
+                let path = m.path_in(big, &name);
+                let ino = fs.create(big, name.as_bytes(), 0o644, ROOT)?.ino;
+                m.touch(op, &path, Some(ino));
+                m.add(path, Entry { parent: big, name, kind: Kind::File, ino });
+                m.set_content(ino, Vec::new());
+            }
+        }
+        15..=22 => {
+            let i = rng.below(SHARED_XATTR_FILES);
+            let Some(e) = m.entries.get(&format!("/xa/x{i}")).cloned() else { return Ok(()) };
+            match rng.below(3) {
+                // Removed already: the library says NotFound (the mount, ENODATA).
+                0 => match fs.remove_xattr(e.ino, b"user.b") {
+                    Err(uext4::Error::NotFound(_)) => {}
+                    other => other?,
+                },
+                _ => {
+                    let len = 200 + rng.below(1500);
+                    fs.set_xattr(e.ino, b"user.a", &rng.bytes(len), 0)?
+                }
+            }
+        }
+        _ => one_op(fs, m, rng, op, writes)?,
+    }
+    Ok(())
+}
+
+fn run_shapes(fs: &Filesystem, m: &mut Model, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) {
+    let mut rng = Rng(0x0bad_5eed_1234_5678);
+    for op in 1..=SHAPES_OPS {
+        let result = shapes_op(fs, m, &mut rng, op, writes);
+        if is_cut() {
+            return;
+        }
+        if let Err(e) = result {
+            panic!("shapes operation {op} failed before any write was lost: {e}");
+        }
+    }
+}
+
+/// One cut of the shapes phase; the promised files checked, or None when the
+/// run ended before its cut.
+fn shapes_cut(base: &[u8], m0: &Model, fault: Fault, scratch: &Path, kernel: bool) -> Option<usize> {
+    let mem = Arc::new(MemDevice::new(base.to_vec()));
+    let dev = Arc::new(FaultDevice::new(mem.clone(), fault));
+    let fs = Filesystem::open_device(dev.clone(), options()).unwrap();
+    let mut m = m0.clone();
+    run_shapes(&fs, &mut m, &|| dev.writes(), &|| dev.is_cut());
+    if !dev.is_cut() {
+        fs.sync().unwrap();
+    }
+    if !dev.is_cut() {
+        drop(fs);
+        return None;
+    }
+    fs.abandon();
+    let left = mem.contents();
+    let promised = m.promised(first_lost(fault));
+    let ours = Arc::new(MemDevice::new(left.clone()));
+    let fs = Filesystem::open_device(ours.clone(), options())
+        .unwrap_or_else(|e| panic!("{fault:?}: reopening the shapes image after the cut failed: {e}"));
+    for (path, content) in &promised {
+        let ino = fs.lookup_path(path.as_bytes()).unwrap_or_else(|e| panic!("{fault:?}: {path} is gone: {e}"));
+        assert!(fs.read_all(ino).unwrap() == *content, "{fault:?}: uext4 reads {path} changed after recovery");
+    }
+    drop(fs);
+    std::fs::write(scratch, ours.contents()).unwrap();
+    check_e2fsck(scratch, fault);
+    if kernel {
+        std::fs::write(scratch, &left).unwrap();
+        {
+            let mount = oracle::Mount::new(scratch, "");
+            for (path, content) in &promised {
+                let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
+                    .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
+                assert!(got == *content, "{fault:?}: the kernel reads {path} changed after its recovery");
+            }
+            mount.unmount();
+        }
+        check_e2fsck(scratch, fault);
+    }
+    Some(promised.len())
+}
+
+#[test]
+fn power_cuts_while_inline_data_xattr_blocks_and_directories_change_shape() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (base, m0) = shapes_base(work.path());
+    // The reference run: its writes, and what the workload made of the shapes.
+    let mem = Arc::new(MemDevice::new(base.clone()));
+    let recorder = Arc::new(Recorder { inner: mem.clone(), sizes: Mutex::new(Vec::new()) });
+    let fs = Filesystem::open_device(recorder.clone(), options()).unwrap();
+    let mut m = m0.clone();
+    let count = || recorder.sizes.lock().unwrap().len() as u64;
+    run_shapes(&fs, &mut m, &count, &|| false);
+    drop(fs);
+    let reference = work.path().join("reference.img");
+    std::fs::write(&reference, mem.contents()).unwrap();
+    oracle::assert_e2fsck_clean(&reference);
+    let debugfs = |cmd: &str| oracle::run(std::process::Command::new("debugfs").args(["-R", cmd]).arg(&reference));
+    assert!(debugfs("htree /big").contains("Number of entries"), "/big never became an htree");
+    let inline_left = m0
+        .entries
+        .iter()
+        .filter(|(p, e)| p.starts_with("/inl/") && m.entries.contains_key(*p) && e.kind == Kind::File)
+        .filter(|(p, _)| debugfs(&format!("stat {p}")).contains("Size of inline data"))
+        .count();
+    let moved =
+        m0.entries.keys().filter(|p| p.starts_with("/inl/") && m.entries.contains_key(*p)).count() - inline_left;
+    assert!(moved > 0, "no inline file moved to blocks");
+    let idirs_moved = (0..10).filter(|d| !debugfs(&format!("stat /idir{d}")).contains("Size of inline data")).count();
+    assert!(idirs_moved > 0, "no inline directory moved to a block");
+    let acl_blocks: std::collections::BTreeSet<String> = (0..SHARED_XATTR_FILES)
+        .filter(|i| m.entries.contains_key(&format!("/xa/x{i}")))
+        .filter_map(|i| {
+            let stat = debugfs(&format!("stat /xa/x{i}"));
+            stat.lines().find(|l| l.contains("File ACL:")).map(str::to_string)
+        })
+        .collect();
+    assert!(acl_blocks.len() > 1, "the shared xattr block was never copied: {acl_blocks:?}");
+    let sizes = recorder.sizes.lock().unwrap().clone();
+    let total = sizes.len() as u64;
+    let cuts =
+        std::env::var("UEXT4_CRASH_SHAPES_CUTS").ok().and_then(|v| v.parse().ok()).unwrap_or(SHAPES_CUTS_DEFAULT);
+    let mut faults: Vec<Fault> = (0..cuts as u64).map(|i| Fault::DropAfter(i * (total - 1) / cuts as u64)).collect();
+    faults.dedup();
+    let multi: Vec<u64> = (1..=total).filter(|&n| sizes[n as usize - 1] > ATOMIC_UNIT).collect();
+    let mut tear_rng = Rng(11);
+    for &n in multi.iter().step_by(multi.len().div_ceil(cuts / 4 + 1).max(1)) {
+        let units = sizes[n as usize - 1].div_ceil(ATOMIC_UNIT);
+        faults.push(Fault::Tear { write: n, keep: (1 + tear_rng.below(units - 1)) * ATOMIC_UNIT });
+    }
+    let next = AtomicUsize::new(0);
+    let (promised, early) = (AtomicU64::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let (faults, base, m0, next, promised, early) = (&faults, &base, &m0, &next, &promised, &early);
+            let scratch = work.path().join(format!("cut{t}.img"));
+            s.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&fault) = faults.get(i) else { break };
+                match shapes_cut(base, m0, fault, &scratch, i % 8 == 0) {
+                    Some(n) => promised.fetch_add(n as u64, Ordering::Relaxed),
+                    None => early.fetch_add(1, Ordering::Relaxed) as u64,
+                };
+            });
+        }
+    });
+    let (promised, early) = (promised.into_inner(), early.into_inner());
+    eprintln!(
+        "shapes: {} cuts over {total} writes ({moved} inline files and {idirs_moved} inline directories moved to \
+         blocks, /big an htree of {} names, the shared xattr block copied into {} blocks): {promised} promised \
+         files verified, {early} runs ended before their cut",
+        faults.len(),
+        m.children[&m.entries["/big"].ino],
+        acl_blocks.len()
+    );
+    assert!(early <= faults.len() / 10, "{early} of {} runs ended before their cut", faults.len());
+    assert!(promised >= faults.len() as u64, "too few promised files were checked to mean anything");
 }

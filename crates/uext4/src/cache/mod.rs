@@ -204,6 +204,23 @@ impl BufferCache {
         }
     }
 
+    /// Drops every buffer nobody holds that is clean (the kernel's drop_caches):
+    /// the next access reads it from the device again. Returns how many went.
+    pub fn drop_clean(&self) -> usize {
+        let mut dropped = 0;
+        for shard in &self.shards {
+            let mut shard = shard.lock();
+            let before = shard.map.len();
+            shard.map.retain(|_, b| Arc::strong_count(b) > 1 || b.is_dirty());
+            let map = &shard.map;
+            let kept: VecDeque<u64> = shard.clock.iter().copied().filter(|b| map.contains_key(b)).collect();
+            shard.clock = kept;
+            dropped += before - shard.map.len();
+        }
+        self.evictions.fetch_add(dropped as u64, Ordering::Relaxed);
+        dropped
+    }
+
     /// Drops a block that was freed: a dirty copy must never be written back over
     /// whatever the block holds next (file data goes straight to the device).
     pub fn forget(&self, block: u64) {
