@@ -77,6 +77,16 @@ pub struct Options {
     /// What an error does, as the kernel's errors= mount option; None takes the
     /// superblock's s_errors (remount-ro when it names none).
     pub errors: Option<Errors>,
+    /// Directory inode reservation (seed 000; `alloc::dir_ireserve`): inode
+    /// slots kept for each new directory's files. Off by default.
+    pub dir_ireserve: crate::alloc::DirReserve,
+    /// Inode goals from the name hash in indexed directories (seed 003;
+    /// `alloc::hash_goal`). Off by default.
+    pub hash_goal: bool,
+    /// Sees every device request, sorted by what it holds and priced on model
+    /// disks (`dev::io_model`); for benchmarks. The model may outlive the
+    /// filesystem (a reopen keeps counting).
+    pub io_model: Option<Arc<crate::dev::IoModel>>,
 }
 
 impl Default for Options {
@@ -89,6 +99,9 @@ impl Default for Options {
             commit_interval_secs: 5,
             extent_zeroout_len: 256,
             errors: None,
+            dir_ireserve: crate::alloc::DirReserve::Off,
+            hash_goal: false,
+            io_model: None,
         }
     }
 }
@@ -110,6 +123,8 @@ pub struct Filesystem {
     /// Open-time tunables, kept to report them.
     pub(crate) commit_interval_secs: u64,
     pub(crate) cache_mb: usize,
+    pub(crate) dir_ireserve: crate::alloc::DirReserve,
+    pub(crate) hash_goal: bool,
     /// Open handles per inode: an unlinked inode lives until its last close.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// The orphan chain and orphan file as recorded on disk (ns/orphan.rs).
@@ -219,6 +234,10 @@ impl Filesystem {
     }
 
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: Options) -> Result<Filesystem> {
+        let dev: Arc<dyn BlockDevice> = match &opts.io_model {
+            Some(model) => Arc::new(crate::dev::TracedDevice::new(dev, model.clone())),
+            None => dev,
+        };
         let mut raw = [0u8; SUPERBLOCK_SIZE];
         if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
             return Err(Error::corrupt(
@@ -300,7 +319,11 @@ impl Filesystem {
         let (read_only, reason) =
             if !read_only && !geo.has_extents { (true, NO_EXTENTS_READ_ONLY.to_string()) } else { (read_only, reason) };
         let vol = Arc::new(Volume::open(dev, sb, geo, opts.cache_mb, opts.errors, read_only, reason)?);
-        let alloc = Arc::new(Allocator::new(vol.clone(), Box::new(MainlinePolicy)));
+        let policy = match read_only {
+            true => Box::new(MainlinePolicy),
+            false => crate::alloc::policy_for(&vol, opts.dir_ireserve, opts.hash_goal)?,
+        };
+        let alloc = Arc::new(Allocator::new(vol.clone(), policy));
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
         let fs = Filesystem {
             vol,
@@ -309,6 +332,8 @@ impl Filesystem {
             extent_zeroout_len: std::sync::atomic::AtomicU32::new(opts.extent_zeroout_len),
             commit_interval_secs: opts.commit_interval_secs,
             cache_mb: opts.cache_mb,
+            dir_ireserve: opts.dir_ireserve,
+            hash_goal: opts.hash_goal,
             open_files: Mutex::new(HashMap::new()),
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
@@ -350,6 +375,7 @@ impl Filesystem {
         let vol = &self.vol;
         if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
             let map = self.journal_block_map()?;
+            vol.register_journal_blocks(&map);
             let view = Arc::new(JournalView {
                 cache: vol.cache.clone(),
                 sb: vol.sb.clone(),
