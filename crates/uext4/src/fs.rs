@@ -474,6 +474,16 @@ impl Filesystem {
         self.alloc.free_inodes()
     }
 
+    /// The inode windows directories hold now (`dir_ireserve`), by directory.
+    pub fn inode_windows(&self) -> Vec<(u32, crate::alloc::Window)> {
+        self.alloc.policy().windows()
+    }
+
+    /// The hash span of directory `dir` (`hash_goal`), if one is in memory.
+    pub fn hash_span(&self, dir: u32) -> Option<crate::alloc::hash_goal::Span> {
+        self.alloc.policy().hash_span(dir)
+    }
+
     /// Makes the calling thread act as `who` until the guard drops: a privileged
     /// caller may take the reserved blocks. Operations that create an inode act as
     /// its owner for their own duration.

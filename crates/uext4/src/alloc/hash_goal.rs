@@ -77,11 +77,6 @@ impl HashGoal {
         HashGoal::default()
     }
 
-    /// The span of `dir`, if it has one in memory (for tests and reports).
-    pub fn span(&self, dir: u32) -> Option<Span> {
-        self.spans.lock().get(&dir).copied()
-    }
-
     /// A new span for `req`'s parent: fitted to its leaf after a remount, else
     /// fresh.
     fn new_span(&self, vol: &Volume, req: &InodeRequest) -> Span {
@@ -199,6 +194,10 @@ impl InodePolicy for HashGoal {
 
     fn wants_name_hash(&self, indexed: bool) -> bool {
         indexed
+    }
+
+    fn hash_span(&self, dir: u32) -> Option<Span> {
+        self.spans.lock().get(&dir).copied()
     }
 }
 

@@ -98,6 +98,11 @@ pub trait InodePolicy: Send + Sync {
     fn windows(&self) -> Vec<(u32, crate::alloc::Window)> {
         Vec::new()
     }
+
+    /// The span of directory `dir` (`hash_goal`).
+    fn hash_span(&self, _dir: u32) -> Option<crate::alloc::hash_goal::Span> {
+        None
+    }
 }
 
 /// Policies stacked: each one's own slots in turn, then the ordinary pass of
@@ -159,6 +164,10 @@ impl InodePolicy for Layered {
 
     fn windows(&self) -> Vec<(u32, crate::alloc::Window)> {
         self.layers.iter().flat_map(|l| l.windows()).collect()
+    }
+
+    fn hash_span(&self, dir: u32) -> Option<crate::alloc::hash_goal::Span> {
+        self.layers.iter().find_map(|l| l.hash_span(dir))
     }
 }
 
