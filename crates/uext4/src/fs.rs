@@ -356,6 +356,14 @@ impl Filesystem {
     /// descriptors, load the journal, finish the orphans of a previous session.
     fn prepare_writes(&self, opts: &Options) -> Result<()> {
         if self.vol.opened_read_only() {
+            // An I/O model still wants to know the journal's blocks (a benchmark
+            // opens an image read-only to classify another writer's requests);
+            // an unreadable journal only leaves them unclassified.
+            if opts.io_model.is_some() && self.vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+                if let Ok(map) = self.journal_block_map() {
+                    self.vol.register_journal_blocks(&map);
+                }
+            }
             return Ok(());
         }
         // New hash indexes take the default hash version: one e2fsck and the kernel

@@ -94,6 +94,11 @@ impl BlockClasses {
         }
     }
 
+    /// The fixed ranges, to hand to another model.
+    pub fn fixed_ranges(&self) -> Vec<(u64, u64, IoClass)> {
+        self.fixed.read().clone()
+    }
+
     fn shard(&self, block: u64) -> &Mutex<HashMap<u64, IoClass>> {
         &self.tags[(block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % TAG_SHARDS]
     }

@@ -147,6 +147,10 @@ impl SolidState {
     pub fn new(params: SolidStateParams) -> SolidState {
         SolidState { params }
     }
+
+    pub fn params(&self) -> &SolidStateParams {
+        &self.params
+    }
 }
 
 impl DiskModel for SolidState {

@@ -61,6 +61,10 @@ pub struct IoReport {
     /// Indexed by `IoClass::ALL` order (see `class`).
     pub by_class: [ClassCount; 8],
     pub requests: u64,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
     pub flushes: u64,
     /// Inode-table blocks written, each time it is written.
     pub itable_block_writes: u64,
@@ -86,6 +90,10 @@ impl IoReport {
         IoReport {
             by_class,
             requests: self.requests - earlier.requests,
+            reads: self.reads - earlier.reads,
+            read_bytes: self.read_bytes - earlier.read_bytes,
+            writes: self.writes - earlier.writes,
+            write_bytes: self.write_bytes - earlier.write_bytes,
             flushes: self.flushes - earlier.flushes,
             itable_block_writes: self.itable_block_writes - earlier.itable_block_writes,
             itable_blocks_written: self.itable_blocks_written,
@@ -159,6 +167,17 @@ impl IoModel {
         self.state.lock().report
     }
 
+    /// Forgets every count and where the disk heads are; the classes stay (a
+    /// benchmark opens an image once to learn them, then starts counting).
+    pub fn reset(&self) {
+        let mut st = self.state.lock();
+        st.report = IoReport::default();
+        st.itable_epochs.clear();
+        let (hdd, ssd) = (*st.hdd.params(), *st.ssd.params());
+        st.hdd = RotatingDisk::new(hdd);
+        st.ssd = SolidState::new(ssd);
+    }
+
     /// Takes one request of `len` bytes at byte `offset`.
     pub fn record(&self, direction: Direction, offset: u64, len: u64) {
         if len == 0 {
@@ -187,8 +206,16 @@ impl IoModel {
             }
         }
         match direction {
-            Direction::Read => st.report.by_class[main].reads += 1,
-            Direction::Write => st.report.by_class[main].writes += 1,
+            Direction::Read => {
+                st.report.by_class[main].reads += 1;
+                st.report.reads += 1;
+                st.report.read_bytes += len;
+            }
+            Direction::Write => {
+                st.report.by_class[main].writes += 1;
+                st.report.writes += 1;
+                st.report.write_bytes += len;
+            }
         }
         st.report.requests += 1;
         st.report.itable_block_writes += itable.len() as u64;
