@@ -72,7 +72,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
 /// Workloads run only by name: too long for `all --quick` (seed 000's
 /// experiment creates 300,000 files at its quick size).
 pub fn by_name_only() -> Vec<&'static dyn Workload> {
-    vec![&IReserve]
+    vec![&IReserve { toy: true }, &IReserve { toy: false }]
 }
 
 /// Removes everything below `path` the way `rm -rf` does, in readdir order:
@@ -747,18 +747,21 @@ impl Workload for FsyncStorm {
 /// Seed 000's experiment (Coly Li's dir_ireserve benchmark), run on targets
 /// that carry the policy (`uext4:dir_ireserve=low`, ...).
 ///
-/// The toy: 8 directories of 2 files, made round-robin inside one directory,
-/// then removed directory by directory, once writing every operation's dirty
-/// blocks at its end (a sync after each), once after each directory; the
-/// device figures count the inode-table block writes (the seed: 32 without
-/// reservation, 8 with).
+/// `ireserve-toy`: 8 directories of 2 files, made round-robin inside one
+/// directory, then removed directory by directory, once writing every
+/// operation's dirty blocks at its end (a sync after each), once after each
+/// directory; the device figures count the inode-table block writes (the seed:
+/// 32 without reservation, 8 with). Its image has 512-byte inodes, 8 to a
+/// 4 KiB block, as the seed's picture has them.
 ///
-/// At scale: N directories, then 15 files of 1 KiB in each, round-robin (file
-/// k of every directory before file k + 1 of any), the image reopened with a
-/// cold cache, then rm -rf in readdir order. uext4 runs with a cache bound
-/// below the inode tables this touches (`uext4_defaults`); the kernel has this
-/// machine's page cache.
-struct IReserve;
+/// `ireserve`: N directories, then 15 files of 1 KiB in each, round-robin
+/// (file k of every directory before file k + 1 of any), the image reopened
+/// with a cold cache, then rm -rf in readdir order. uext4 runs with a cache
+/// bound below the inode tables this touches (`uext4_defaults`); the kernel
+/// has this machine's page cache.
+struct IReserve {
+    toy: bool,
+}
 
 impl IReserve {
     fn dirs(quick: bool) -> u64 {
@@ -777,37 +780,54 @@ const TOY_FILES: u64 = 2;
 
 impl Workload for IReserve {
     fn name(&self) -> &'static str {
-        "ireserve"
+        if self.toy {
+            "ireserve-toy"
+        } else {
+            "ireserve"
+        }
     }
     fn about(&self) -> &'static str {
-        "seed 000: the 8 x 2 toy (inode-table block writes), then N directories x 15 files of 1 KiB \
-         round-robin, cold cache, rm -rf in readdir order"
+        if self.toy {
+            "seed 000's toy: 8 directories x 2 files removed with a sync per operation and per directory \
+             (count the inode-table block writes); 8 inodes per block as in the seed"
+        } else {
+            "seed 000: N directories x 15 files of 1 KiB round-robin, cold cache, rm -rf in readdir order"
+        }
     }
     fn size(&self, quick: bool) -> String {
+        if self.toy {
+            return format!("{TOY_DIRS} directories x {TOY_FILES} files, 512-byte inodes");
+        }
         let cache = &self.uext4_defaults(quick)[0].1;
         format!(
-            "toy {TOY_DIRS} x {TOY_FILES}; {} directories x {IRESERVE_FILES} files of {IRESERVE_FILE} bytes; \
-             uext4 with cache_mb={cache} (the inode tables touched are larger)",
+            "{} directories x {IRESERVE_FILES} files of {IRESERVE_FILE} bytes; uext4 with cache_mb={cache} \
+             (the inode tables touched are larger)",
             Self::dirs(quick)
         )
     }
     fn image_mb(&self, quick: bool) -> u64 {
         // Seed 000 used a 50 GB partition: room for windows of 128 slots.
-        if quick {
-            20 << 10
-        } else {
-            48 << 10
+        match (self.toy, quick) {
+            (true, _) => 256,
+            (false, true) => 20 << 10,
+            (false, false) => 48 << 10,
         }
     }
     fn mkfs_args(&self, _quick: bool) -> Vec<String> {
-        vec!["-i".into(), "8192".into()]
+        match self.toy {
+            true => vec!["-I".into(), "512".into()],
+            false => vec!["-i".into(), "8192".into()],
+        }
     }
     fn uext4_defaults(&self, quick: bool) -> Vec<(String, String)> {
         vec![("cache_mb".into(), if quick { "32" } else { "64" }.into())]
     }
     fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
         let body = pattern(1, IRESERVE_FILE);
-        for (phase, per_operation) in [("toy: sync per operation", true), ("toy: sync per directory", false)] {
+        if !self.toy {
+            return self.scale(quick, phases, &body);
+        }
+        for (phase, per_operation) in [("sync per operation", true), ("sync per directory", false)] {
             let top = if per_operation { "toy-op" } else { "toy-dir" };
             phases.untimed(&mut |fs| {
                 fs.mkdir(top, 0o755)?;
@@ -834,12 +854,18 @@ impl Workload for IReserve {
             })?;
             phases.untimed(&mut |fs| fs.rmdir(top))?;
         }
+        Ok(())
+    }
+}
+
+impl IReserve {
+    fn scale(&self, quick: bool, phases: &mut dyn Phases, body: &[u8]) -> Result<(), BenchError> {
         let n = Self::dirs(quick);
         phases.timed("mkdir", n, &mut |fs| (0..n).try_for_each(|d| fs.mkdir(&format!("d{d:05}"), 0o755)))?;
         phases.timed("create", n * IRESERVE_FILES, &mut |fs| {
             for f in 0..IRESERVE_FILES {
                 for d in 0..n {
-                    fs.create(&format!("d{d:05}/f{f:02}"), 0o644)?.write_at(0, &body)?;
+                    fs.create(&format!("d{d:05}/f{f:02}"), 0o644)?.write_at(0, body)?;
                 }
             }
             Ok(())

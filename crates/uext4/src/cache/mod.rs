@@ -157,6 +157,11 @@ impl BufferCache {
         self.insert(block, vec![0u8; self.block_size].into_boxed_slice())
     }
 
+    /// Whether `block` is in the cache now.
+    pub fn holds(&self, block: u64) -> bool {
+        self.shard(block).lock().map.contains_key(&block)
+    }
+
     fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
         let shard = self.shard(block).lock();
         let b = shard.map.get(&block)?;
