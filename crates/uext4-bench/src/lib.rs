@@ -10,6 +10,7 @@
 //!
 //! Adding a workload: implement `workload::Workload` and list it in `workload::all`.
 
+pub mod kernel_trace;
 pub mod ops;
 pub mod report;
 pub mod target;
@@ -71,16 +72,17 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             println!("{:<16} {}", w.name(), w.about());
             println!("{:<16} full: {}; --quick: {}", "", w.size(false), w.size(true));
         }
+        for w in workload::by_name_only() {
+            println!("{:<16} {} (by name only, not part of `all`)", w.name(), w.about());
+            println!("{:<16} full: {}; --quick: {}", "", w.size(false), w.size(true));
+        }
         return Ok(());
     }
     let workloads = chosen_workloads(&args.workloads)?;
     let mut targets = Vec::new();
     let mut skipped = Vec::new();
     for name in &args.targets {
-        let target = Target::parse(name).ok_or_else(|| {
-            let known: Vec<&str> = target::ALL_TARGETS.iter().map(|t| t.name()).collect();
-            BenchError(format!("unknown target '{name}' (known: {})", known.join(", ")))
-        })?;
+        let target = Target::parse(name).map_err(BenchError)?;
         match target.unavailable_because() {
             None => targets.push(target),
             Some(reason) => {
@@ -89,7 +91,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
             }
         }
     }
-    if !targets.contains(&Target::Uext4) {
+    if !targets.iter().any(|t| t.is_base()) {
         return Err(BenchError("the uext4 target must be among --targets: ratios are taken against it".into()));
     }
     if args.runs == 0 {
@@ -113,6 +115,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
     let mut results = Results {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         machine: machine_description(),
+        load_average: vec![load_average()],
         quick: args.quick,
         runs: args.runs,
         mkfs: format!("mkfs.ext4 {} IMAGE SIZE", MKFS_ARGS.join(" ")),
@@ -136,9 +139,9 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         });
         for run in 0..args.runs {
             for k in 0..targets.len() {
-                let target = targets[(k + run) % targets.len()];
+                let target = targets[(k + run) % targets.len()].clone();
                 done += 1;
-                let samples = run_once(w, args.quick, target, run, &input, scratch.path())?;
+                let samples = run_once(w, args.quick, &target, run, &input, scratch.path())?;
                 let phases: Vec<String> = samples.iter().map(|s| format!("{} {:.3} s", s.phase, s.wall_s)).collect();
                 eprintln!(
                     "[{done}/{total} {:.0}s] {} on {} (run {}): {}",
@@ -153,6 +156,7 @@ pub fn run(args: &BenchArgs) -> Result<(), BenchError> {
         }
         std::fs::remove_dir_all(&input).map_err(|e| BenchError(format!("{}: {e}", input.display())))?;
     }
+    results.load_average.push(load_average());
     write_outputs(&results, &args.out)
 }
 
@@ -177,7 +181,7 @@ const MKFS_ARGS: [&str; 4] = ["-F", "-q", "-b", "4096"];
 fn run_once(
     w: &dyn Workload,
     quick: bool,
-    target: Target,
+    target: &Target,
     run: usize,
     input: &Path,
     scratch: &Path,
@@ -191,9 +195,11 @@ fn run_once(
     if !target.has_journal() {
         mkfs.args(["-O", "^has_journal"]);
     }
+    mkfs.args(w.mkfs_args(quick));
     run_tool(mkfs.arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
-    let session = target.attach(&image, &mountpoint)?;
-    let mut runner = Runner { session: Some(session), workload: w.name(), target, run, samples: Vec::new() };
+    let session = target.attach(&image, &mountpoint, &w.uext4_defaults(quick))?;
+    let mut runner =
+        Runner { session: Some(session), workload: w.name(), target: target.clone(), run, samples: Vec::new() };
     let outcome = w.run(quick, input, &mut runner);
     let finished = runner.session.take().map(|s| s.finish()).unwrap_or(Ok(()));
     outcome.map_err(|e| BenchError(format!("{} on {}: {e}", w.name(), target.name())))?;
@@ -238,19 +244,20 @@ impl Phases for Runner {
         body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<()>,
     ) -> Result<(), BenchError> {
         let session = self.session();
+        session.begin_phase();
         let usage_before = own_usage() + session.helper_usage();
-        let device_before = session.io_stats();
+        let device_before = session.device();
         let clock = Instant::now();
         body(session.ops())
             .and_then(|()| session.ops().sync())
             .map_err(|e| BenchError(format!("phase {name}: {e}")))?;
         let wall_s = clock.elapsed().as_secs_f64();
         let usage = own_usage() + session.helper_usage() - usage_before;
-        let device = session.io_stats().zip(device_before).map(|(after, before)| DeviceFigures::from(after - before));
+        let (device, model) = DeviceFigures::between(&device_before, &session.device());
         self.samples.push(Sample {
             workload: self.workload.into(),
             phase: name.into(),
-            target: self.target,
+            target: self.target.clone(),
             run: self.run,
             ops,
             wall_s,
@@ -259,6 +266,7 @@ impl Phases for Runner {
             voluntary_switches: usage.voluntary_switches,
             involuntary_switches: usage.involuntary_switches,
             device,
+            model,
         });
         Ok(())
     }
@@ -271,6 +279,12 @@ impl Phases for Runner {
     fn restart(&mut self) -> Result<(), BenchError> {
         self.session().restart()
     }
+}
+
+/// /proc/loadavg's first three figures: how busy this shared machine was.
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 fn machine_description() -> String {

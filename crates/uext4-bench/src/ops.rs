@@ -22,6 +22,11 @@ pub trait FsOps: Send + Sync {
     /// lstat; returns the size.
     fn stat(&self, path: &str) -> io::Result<u64>;
     fn unlink(&self, path: &str) -> io::Result<()>;
+    fn rmdir(&self, path: &str) -> io::Result<()>;
+    /// The names in a directory (no "." or ".."), in the order readdir gives them.
+    fn read_dir(&self, path: &str) -> io::Result<Vec<String>>;
+    /// Whether `path` is a directory (lstat).
+    fn is_dir(&self, path: &str) -> io::Result<bool>;
     fn symlink(&self, target: &str, path: &str) -> io::Result<()>;
     fn set_mtime(&self, path: &str, secs: i64) -> io::Result<()>;
     /// Makes everything written so far durable on the image.
@@ -87,6 +92,25 @@ impl FsOps for Uext4Ops {
     fn unlink(&self, path: &str) -> io::Result<()> {
         let (parent, name) = self.parent_and_name(path)?;
         self.fs.unlink(parent, name.as_bytes()).map_err(to_io)
+    }
+
+    fn rmdir(&self, path: &str) -> io::Result<()> {
+        let (parent, name) = self.parent_and_name(path)?;
+        self.fs.rmdir(parent, name.as_bytes()).map_err(to_io)
+    }
+
+    fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
+        let ino = if path.is_empty() { uext4::ROOT_INO } else { self.ino(path)? };
+        let entries = self.fs.read_dir(ino).map_err(to_io)?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.name != b"." && e.name != b"..")
+            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+            .collect())
+    }
+
+    fn is_dir(&self, path: &str) -> io::Result<bool> {
+        Ok(self.fs.stat(self.ino(path)?).map_err(to_io)?.file_type == uext4::FileType::Directory)
     }
 
     fn symlink(&self, target: &str, path: &str) -> io::Result<()> {
@@ -172,6 +196,18 @@ impl FsOps for PosixOps {
 
     fn unlink(&self, path: &str) -> io::Result<()> {
         std::fs::remove_file(self.at(path))
+    }
+
+    fn rmdir(&self, path: &str) -> io::Result<()> {
+        std::fs::remove_dir(self.at(path))
+    }
+
+    fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
+        std::fs::read_dir(self.at(path))?.map(|e| Ok(e?.file_name().to_string_lossy().into_owned())).collect()
+    }
+
+    fn is_dir(&self, path: &str) -> io::Result<bool> {
+        Ok(std::fs::symlink_metadata(self.at(path))?.is_dir())
     }
 
     fn symlink(&self, target: &str, path: &str) -> io::Result<()> {

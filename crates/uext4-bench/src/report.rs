@@ -2,11 +2,13 @@
 //! target, each target's time relative to uext4's measured pair by pair, a
 //! markdown table per workload, JSON with every sample, and a PNG per workload.
 
-use crate::target::Target;
+use crate::target::{DeviceSnapshot, Target};
 use crate::BenchError;
 use plotters::prelude::*;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use uext4::dev::IoClass;
 
 /// One timed phase of one run.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -23,28 +25,90 @@ pub struct Sample {
     pub cpu_s: f64,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
-    /// uext4's device layer during the phase.
+    /// The device during the phase: uext4's device layer, or the kernel's loop
+    /// device (its /sys/block counters; by class from its block tracepoint).
     pub device: Option<DeviceFigures>,
+    /// The phase's requests priced by uext4's disk models (`uext4::dev::io_model`).
+    pub model: Option<ModelFigures>,
 }
 
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct DeviceFigures {
     pub reads: u64,
     pub read_bytes: u64,
     pub writes: u64,
     pub write_bytes: u64,
     pub flushes: u64,
+    /// Requests and blocks by what the blocks hold (empty without a model).
+    pub by_class: BTreeMap<&'static str, ClassFigures>,
+    /// Distinct inode-table blocks written during the phase.
+    pub itable_blocks_written: u64,
+    /// Inode-table blocks written, counting every write of each.
+    pub itable_block_writes: u64,
 }
 
-impl From<uext4::dev::IoStats> for DeviceFigures {
-    fn from(s: uext4::dev::IoStats) -> DeviceFigures {
-        DeviceFigures {
-            reads: s.reads,
-            read_bytes: s.read_bytes,
-            writes: s.writes,
-            write_bytes: s.write_bytes,
-            flushes: s.flushes,
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ClassFigures {
+    pub reads: u64,
+    pub read_blocks: u64,
+    pub writes: u64,
+    pub write_blocks: u64,
+}
+
+/// Seconds the phase's requests would take on the model disks.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct ModelFigures {
+    /// The seeds' 7200 rpm SATA disk.
+    pub hdd_s: f64,
+    /// A SATA SSD.
+    pub ssd_s: f64,
+    pub requests: u64,
+}
+
+impl DeviceFigures {
+    /// The figures of a phase, from the snapshots around it.
+    pub fn between(before: &DeviceSnapshot, after: &DeviceSnapshot) -> (Option<DeviceFigures>, Option<ModelFigures>) {
+        let model = after.model.zip(before.model).map(|(a, b)| a.since(&b));
+        let stats = after.stats.zip(before.stats).map(|(a, b)| a - b);
+        let mut figures = match (stats, &model) {
+            (Some(s), _) => DeviceFigures {
+                reads: s.reads,
+                read_bytes: s.read_bytes,
+                writes: s.writes,
+                write_bytes: s.write_bytes,
+                flushes: s.flushes,
+                ..Default::default()
+            },
+            (None, Some(m)) => DeviceFigures {
+                reads: m.reads,
+                read_bytes: m.read_bytes,
+                writes: m.writes,
+                write_bytes: m.write_bytes,
+                flushes: m.flushes,
+                ..Default::default()
+            },
+            (None, None) => return (None, None),
+        };
+        if let Some(m) = &model {
+            for class in IoClass::ALL {
+                let c = m.class(class);
+                if c.reads + c.writes + c.read_blocks + c.write_blocks > 0 {
+                    figures.by_class.insert(
+                        class.name(),
+                        ClassFigures {
+                            reads: c.reads,
+                            read_blocks: c.read_blocks,
+                            writes: c.writes,
+                            write_blocks: c.write_blocks,
+                        },
+                    );
+                }
+            }
+            figures.itable_blocks_written = m.itable_blocks_written;
+            figures.itable_block_writes = m.itable_block_writes;
         }
+        let model = model.map(|m| ModelFigures { hdd_s: m.hdd_s, ssd_s: m.ssd_s, requests: m.requests });
+        (Some(figures), model)
     }
 }
 
@@ -66,6 +130,8 @@ pub struct WorkloadInfo {
 pub struct Results {
     pub command: String,
     pub machine: String,
+    /// /proc/loadavg (1, 5, 15 minutes) when the run started and when it ended.
+    pub load_average: Vec<String>,
     pub quick: bool,
     pub runs: usize,
     pub mkfs: String,
@@ -99,6 +165,10 @@ pub struct Summary {
     /// Median over runs of (this target's time / uext4's time in the same run).
     pub ratio_to_uext4: Option<f64>,
     pub device: Option<DeviceFigures>,
+    /// Medians of the model figures.
+    pub model: Option<ModelFigures>,
+    /// Median over rounds of this target's modelled HDD time over uext4's.
+    pub hdd_ratio_to_uext4: Option<f64>,
 }
 
 impl Results {
@@ -115,12 +185,29 @@ impl Results {
 
     /// The median over rounds of `target`'s time divided by `base`'s in the same
     /// round (None unless both ran).
-    pub fn round_ratio(&self, workload: &str, phase: &str, target: Target, base: Target) -> Option<f64> {
-        let of = |t: Target| {
+    pub fn round_ratio(&self, workload: &str, phase: &str, target: &Target, base: &Target) -> Option<f64> {
+        self.round_ratio_of(workload, phase, target, base, &|s| Some(s.wall_s))
+    }
+
+    /// The same for any figure of a sample.
+    pub fn round_ratio_of(
+        &self,
+        workload: &str,
+        phase: &str,
+        target: &Target,
+        base: &Target,
+        figure: &dyn Fn(&Sample) -> Option<f64>,
+    ) -> Option<f64> {
+        let of = |t: &Target| {
+            let t = t.clone();
             self.samples.iter().filter(move |s| s.workload == workload && s.phase == phase && s.target == t)
         };
-        let mut ratios: Vec<f64> =
-            of(target).filter_map(|s| of(base).find(|b| b.run == s.run).map(|b| s.wall_s / b.wall_s)).collect();
+        let mut ratios: Vec<f64> = of(target)
+            .filter_map(|s| {
+                let b = of(base).find(|b| b.run == s.run)?;
+                Some(figure(s)? / figure(b)?).filter(|r| r.is_finite())
+            })
+            .collect();
         (!ratios.is_empty()).then(|| median(&mut ratios))
     }
 
@@ -130,24 +217,25 @@ impl Results {
         self.targets
             .iter()
             .filter(|t| !t.has_journal())
-            .filter_map(|&bare| {
-                self.round_ratio(workload, phase, bare.with_journal(), bare).map(|r| (bare.with_journal(), r))
+            .filter_map(|bare| {
+                self.round_ratio(workload, phase, &bare.with_journal(), bare).map(|r| (bare.with_journal(), r))
             })
             .collect()
     }
 
     pub fn summarize(&self, workload: &str, phase: &str) -> Vec<Summary> {
-        let of = |t: Target| -> Vec<&Sample> {
-            self.samples.iter().filter(|s| s.workload == workload && s.phase == phase && s.target == t).collect()
+        let of = |t: &Target| -> Vec<&Sample> {
+            self.samples.iter().filter(|s| s.workload == workload && s.phase == phase && &s.target == t).collect()
         };
+        let base = self.targets.iter().find(|t| t.is_base()).cloned();
         let mut out = Vec::new();
-        for &target in &self.targets {
+        for target in &self.targets {
             let samples = of(target);
             if samples.is_empty() {
                 continue;
             }
             let pick = |f: &dyn Fn(&Sample) -> f64| median(&mut samples.iter().map(|s| f(s)).collect::<Vec<_>>());
-            let device = samples.iter().filter_map(|s| s.device).collect::<Vec<_>>();
+            let device = samples.iter().filter_map(|s| s.device.as_ref()).collect::<Vec<_>>();
             let device_median = (!device.is_empty()).then(|| {
                 let m = |f: &dyn Fn(&DeviceFigures) -> u64| {
                     median(&mut device.iter().map(|d| f(d) as f64).collect::<Vec<_>>()) as u64
@@ -158,17 +246,34 @@ impl Results {
                     writes: m(&|d| d.writes),
                     write_bytes: m(&|d| d.write_bytes),
                     flushes: m(&|d| d.flushes),
+                    by_class: BTreeMap::new(),
+                    itable_blocks_written: m(&|d| d.itable_blocks_written),
+                    itable_block_writes: m(&|d| d.itable_block_writes),
                 }
             });
+            let models = samples.iter().filter_map(|s| s.model).collect::<Vec<_>>();
+            let model_median = (!models.is_empty()).then(|| {
+                let m = |f: &dyn Fn(&ModelFigures) -> f64| median(&mut models.iter().map(f).collect::<Vec<_>>());
+                ModelFigures {
+                    hdd_s: m(&|d| d.hdd_s),
+                    ssd_s: m(&|d| d.ssd_s),
+                    requests: m(&|d| d.requests as f64) as u64,
+                }
+            });
+            let ratio = |figure: &dyn Fn(&Sample) -> Option<f64>| {
+                base.as_ref().and_then(|b| self.round_ratio_of(workload, phase, target, b, figure))
+            };
             out.push(Summary {
-                target,
+                target: target.clone(),
                 wall: samples.iter().map(|s| s.wall_s).collect(),
                 median_wall: pick(&|s| s.wall_s),
                 median_ops_per_s: pick(&|s| s.ops_per_s),
                 median_cpu: pick(&|s| s.cpu_s),
                 median_voluntary: pick(&|s| s.voluntary_switches as f64),
-                ratio_to_uext4: self.round_ratio(workload, phase, target, Target::Uext4),
+                ratio_to_uext4: ratio(&|s| Some(s.wall_s)),
                 device: device_median,
+                model: model_median,
+                hdd_ratio_to_uext4: ratio(&|s| s.model.map(|m| m.hdd_s)),
             });
         }
         out
@@ -178,6 +283,7 @@ impl Results {
         let mut md = String::new();
         let _ = writeln!(md, "Command: `{}`  ", self.command);
         let _ = writeln!(md, "Machine: {}  ", self.machine);
+        let _ = writeln!(md, "Load average (1, 5, 15 min) at start and end: {}  ", self.load_average.join(" / "));
         let _ = writeln!(md, "Images: `{}`, a fresh one for every run  ", self.mkfs);
         let _ = writeln!(md, "Runs: {} per target, interleaved; figures are medians.", self.runs);
         for skip in &self.skipped {
@@ -204,7 +310,7 @@ impl Results {
                         s.median_cpu,
                         s.median_voluntary
                     );
-                    if let Some(d) = s.device {
+                    if let Some(d) = &s.device {
                         device_lines.push(format!(
                             "{phase} on {}: {} writes ({:.1} MiB), {} reads ({:.1} MiB), {} flushes",
                             s.target.name(),
@@ -234,11 +340,40 @@ impl Results {
                 );
             }
             if !device_lines.is_empty() {
+                let _ = writeln!(md, "\nDevice requests (median per run): {}.", device_lines.join("; "));
+            }
+            let mut model_rows = Vec::new();
+            for phase in self.phases(&w.name) {
+                for s in self.summarize(&w.name, &phase) {
+                    let (Some(m), Some(d)) = (s.model, &s.device) else { continue };
+                    let ratio = s.hdd_ratio_to_uext4.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
+                    model_rows.push(format!(
+                        "| {phase} | {} | {:.3} | {:.3} | {ratio} | {:.3} | {} | {} | {} |",
+                        s.target.name(),
+                        s.median_wall,
+                        m.hdd_s,
+                        m.ssd_s,
+                        m.requests,
+                        d.itable_blocks_written,
+                        d.itable_block_writes
+                    ));
+                }
+            }
+            if !model_rows.is_empty() {
                 let _ = writeln!(
                     md,
-                    "\nDevice requests of the uext4 targets (median per run): {}.",
-                    device_lines.join("; ")
+                    "\nModelled disk time (medians): the phase's device requests served one by one on the seeds' \
+                     7200 rpm SATA disk and on a SATA SSD (uext4::dev::io_model; the kernel's requests from its \
+                     block_rq_issue tracepoint), and the inode-table blocks they wrote.\n"
                 );
+                let _ = writeln!(
+                    md,
+                    "| phase | target | wall s | HDD model s | HDD / uext4's | SSD model s | requests | distinct inode-table blocks written | inode-table block writes |"
+                );
+                let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+                for row in model_rows {
+                    let _ = writeln!(md, "{row}");
+                }
             }
         }
         md
@@ -265,7 +400,7 @@ impl Results {
             let summaries = self.summarize(workload, phase);
             let n = summaries.len() as u32;
             let top = summaries.iter().flat_map(|s| s.wall.iter().copied()).fold(0f64, f64::max).max(1e-6) * 1.15;
-            let names: Vec<&str> = summaries.iter().map(|s| s.target.name()).collect();
+            let names: Vec<String> = summaries.iter().map(|s| s.target.name()).collect();
             let mut chart = ChartBuilder::on(panel)
                 .caption(phase, ("sans-serif", 16))
                 .margin(8)
@@ -286,7 +421,7 @@ impl Results {
                 .draw()
                 .map_err(|e| plot_err(&e))?;
             for (i, s) in summaries.iter().enumerate() {
-                let color = Palette99::pick(s.target as usize);
+                let color = Palette99::pick(self.targets.iter().position(|t| *t == s.target).unwrap_or(0));
                 chart
                     .draw_series(
                         Histogram::vertical(&chart)
@@ -336,6 +471,7 @@ pub fn load_font() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::TargetKind;
 
     fn sample(target: Target, run: usize, wall_s: f64) -> Sample {
         Sample {
@@ -350,7 +486,16 @@ mod tests {
             voluntary_switches: 0,
             involuntary_switches: 0,
             device: None,
+            model: None,
         }
+    }
+
+    fn uext4() -> Target {
+        Target::plain(TargetKind::Uext4)
+    }
+
+    fn kernel() -> Target {
+        Target::plain(TargetKind::Kernel)
     }
 
     #[test]
@@ -367,19 +512,20 @@ mod tests {
         let results = Results {
             command: String::new(),
             machine: String::new(),
+            load_average: Vec::new(),
             quick: true,
             runs: 3,
             mkfs: String::new(),
-            targets: vec![Target::Uext4, Target::Kernel],
-            skipped: vec![Skipped { target: Target::Fuse2fs, reason: "not here".into() }],
+            targets: vec![uext4(), kernel()],
+            skipped: vec![Skipped { target: Target::plain(TargetKind::Fuse2fs), reason: "not here".into() }],
             workloads: vec![WorkloadInfo { name: "w".into(), about: "a".into(), size: "s".into(), image_mb: 1 }],
             samples: vec![
-                sample(Target::Uext4, 0, 1.0),
-                sample(Target::Kernel, 0, 2.0),
-                sample(Target::Uext4, 1, 10.0),
-                sample(Target::Kernel, 1, 30.0),
-                sample(Target::Uext4, 2, 2.0),
-                sample(Target::Kernel, 2, 8.0),
+                sample(uext4(), 0, 1.0),
+                sample(kernel(), 0, 2.0),
+                sample(uext4(), 1, 10.0),
+                sample(kernel(), 1, 30.0),
+                sample(uext4(), 2, 2.0),
+                sample(kernel(), 2, 8.0),
             ],
         };
         let summaries = results.summarize("w", "p");

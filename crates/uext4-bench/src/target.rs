@@ -7,6 +7,7 @@
 //! unmount and mount) so that a read phase starts cold on every target alike;
 //! the image file itself stays in the host's page cache for all of them.
 
+use crate::kernel_trace::{self, KernelTrace};
 use crate::ops::{FsOps, PosixOps, Uext4Ops};
 use crate::usage::{process_usage, Usage};
 use crate::BenchError;
@@ -15,16 +16,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uext4::dev::{IoModel, IoReport, IoStats};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Target {
+/// What runs a workload: one of the kinds, with tunables for uext4's kinds
+/// (`uext4:dir_ireserve=low,cache_mb=16`: open options for the library,
+/// mount options for the mount).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub kind: TargetKind,
+    pub tunables: Vec<(String, String)>,
+}
+
+impl serde::Serialize for Target {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetKind {
     /// uext4's library, called in this process.
     Uext4,
     /// uext4 mounted through FUSE, requests through /dev/fuse.
     Uext4Fuse,
     /// uext4 mounted through FUSE, requests through io_uring queues.
-    #[serde(rename = "uext4-fuse-uring")]
     Uext4FuseUring,
     /// The kernel's ext4 on a loop device.
     Kernel,
@@ -32,66 +47,113 @@ pub enum Target {
     Fuse2fs,
     /// uext4's library on an image made without a journal: against `Uext4`, the
     /// cost of journaling.
-    #[serde(rename = "uext4-nojournal")]
     Uext4NoJournal,
     /// The kernel's ext4 on an image made without a journal.
-    #[serde(rename = "kernel-nojournal")]
     KernelNoJournal,
 }
 
-pub const ALL_TARGETS: [Target; 7] = [
-    Target::Uext4,
-    Target::Uext4Fuse,
-    Target::Uext4FuseUring,
-    Target::Kernel,
-    Target::Fuse2fs,
-    Target::Uext4NoJournal,
-    Target::KernelNoJournal,
+pub const ALL_KINDS: [TargetKind; 7] = [
+    TargetKind::Uext4,
+    TargetKind::Uext4Fuse,
+    TargetKind::Uext4FuseUring,
+    TargetKind::Kernel,
+    TargetKind::Fuse2fs,
+    TargetKind::Uext4NoJournal,
+    TargetKind::KernelNoJournal,
 ];
 
-impl Target {
+impl TargetKind {
     pub fn name(self) -> &'static str {
         match self {
-            Target::Uext4 => "uext4",
-            Target::Uext4Fuse => "uext4-fuse",
-            Target::Uext4FuseUring => "uext4-fuse-uring",
-            Target::Kernel => "kernel",
-            Target::Fuse2fs => "fuse2fs",
-            Target::Uext4NoJournal => "uext4-nojournal",
-            Target::KernelNoJournal => "kernel-nojournal",
+            TargetKind::Uext4 => "uext4",
+            TargetKind::Uext4Fuse => "uext4-fuse",
+            TargetKind::Uext4FuseUring => "uext4-fuse-uring",
+            TargetKind::Kernel => "kernel",
+            TargetKind::Fuse2fs => "fuse2fs",
+            TargetKind::Uext4NoJournal => "uext4-nojournal",
+            TargetKind::KernelNoJournal => "kernel-nojournal",
         }
+    }
+
+    /// uext4's own kinds, which take tunables.
+    pub fn is_uext4(self) -> bool {
+        matches!(
+            self,
+            TargetKind::Uext4 | TargetKind::Uext4Fuse | TargetKind::Uext4FuseUring | TargetKind::Uext4NoJournal
+        )
+    }
+}
+
+impl Target {
+    pub fn plain(kind: TargetKind) -> Target {
+        Target { kind, tunables: Vec::new() }
+    }
+
+    /// The kind's name, then `:key=value,...` for its tunables.
+    pub fn name(&self) -> String {
+        let mut name = self.kind.name().to_string();
+        if !self.tunables.is_empty() {
+            let pairs: Vec<String> = self.tunables.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            name = format!("{name}:{}", pairs.join(","));
+        }
+        name
+    }
+
+    /// The plain uext4 library target, which ratios are taken against.
+    pub fn is_base(&self) -> bool {
+        self.kind == TargetKind::Uext4 && self.tunables.is_empty()
     }
 
     /// Whether its image is made with a journal (mkfs.ext4's default).
-    pub fn has_journal(self) -> bool {
-        !matches!(self, Target::Uext4NoJournal | Target::KernelNoJournal)
+    pub fn has_journal(&self) -> bool {
+        !matches!(self.kind, TargetKind::Uext4NoJournal | TargetKind::KernelNoJournal)
     }
 
     /// The same target on an image with a journal.
-    pub fn with_journal(self) -> Target {
-        match self {
-            Target::Uext4NoJournal => Target::Uext4,
-            Target::KernelNoJournal => Target::Kernel,
-            t => t,
-        }
+    pub fn with_journal(&self) -> Target {
+        let kind = match self.kind {
+            TargetKind::Uext4NoJournal => TargetKind::Uext4,
+            TargetKind::KernelNoJournal => TargetKind::Kernel,
+            k => k,
+        };
+        Target { kind, tunables: self.tunables.clone() }
     }
 
-    pub fn parse(name: &str) -> Option<Target> {
-        ALL_TARGETS.into_iter().find(|t| t.name() == name)
+    /// `kind` or `kind:key=value,key=value` (tunables for uext4's kinds only,
+    /// checked as uext4 checks them).
+    ///
+    /// # Errors
+    /// A message naming what is wrong.
+    pub fn parse(name: &str) -> Result<Target, String> {
+        let (kind_name, rest) = name.split_once(':').unwrap_or((name, ""));
+        let kind = ALL_KINDS.into_iter().find(|k| k.name() == kind_name).ok_or_else(|| {
+            let known: Vec<&str> = ALL_KINDS.iter().map(|k| k.name()).collect();
+            format!("unknown target '{kind_name}' (known: {})", known.join(", "))
+        })?;
+        let mut tunables = Vec::new();
+        for pair in rest.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').ok_or_else(|| format!("target {name}: '{pair}' is not key=value"))?;
+            if !kind.is_uext4() {
+                return Err(format!("target {name}: only uext4's targets take tunables"));
+            }
+            uext4::Options::default().set(k, v).map_err(|e| format!("target {name}: {e}"))?;
+            tunables.push((k.to_string(), v.to_string()));
+        }
+        Ok(Target { kind, tunables })
     }
 
     /// Why this target cannot run here, if it cannot.
-    pub fn unavailable_because(self) -> Option<String> {
-        match self {
-            Target::Uext4 | Target::Uext4NoJournal => None,
-            Target::Uext4Fuse | Target::Uext4FuseUring => {
+    pub fn unavailable_because(&self) -> Option<String> {
+        match self.kind {
+            TargetKind::Uext4 | TargetKind::Uext4NoJournal => None,
+            TargetKind::Uext4Fuse | TargetKind::Uext4FuseUring => {
                 if uext4_binary().is_none() {
                     Some("the uext4 binary is not known (run as `uext4 bench`, or set UEXT4_BIN)".into())
                 } else if !Path::new("/dev/fuse").exists() {
                     Some("/dev/fuse is missing".into())
                 } else if !is_root() {
                     Some("mounting an image here needs root".into())
-                } else if self == Target::Uext4FuseUring
+                } else if self.kind == TargetKind::Uext4FuseUring
                     && !Path::new("/sys/module/fuse/parameters/enable_uring").exists()
                 {
                     Some("this kernel has no FUSE over io_uring (Linux 6.14+)".into())
@@ -99,7 +161,7 @@ impl Target {
                     None
                 }
             }
-            Target::Kernel | Target::KernelNoJournal => {
+            TargetKind::Kernel | TargetKind::KernelNoJournal => {
                 if !is_root() {
                     Some("loop-mounting an image needs root".into())
                 } else if !std::fs::read_to_string("/proc/filesystems").unwrap_or_default().contains("ext4") {
@@ -110,7 +172,7 @@ impl Target {
                     None
                 }
             }
-            Target::Fuse2fs => {
+            TargetKind::Fuse2fs => {
                 if !on_path("fuse2fs") {
                     Some("fuse2fs is not installed (Debian package fuse2fs)".into())
                 } else if !Path::new("/dev/fuse").exists() {
@@ -126,14 +188,28 @@ impl Target {
         }
     }
 
-    /// Attaches the target to `image` (mounting at `mountpoint` if it mounts).
-    pub fn attach(self, image: &Path, mountpoint: &Path) -> Result<Box<dyn Session>, BenchError> {
-        match self {
-            Target::Uext4 | Target::Uext4NoJournal => Ok(Box::new(Uext4Session::open(image)?)),
-            Target::Kernel | Target::KernelNoJournal => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
-            Target::Fuse2fs => Ok(Box::new(fuse2fs(image, mountpoint)?)),
-            Target::Uext4Fuse => Ok(Box::new(uext4_mount(image, mountpoint, "io_uring=off")?)),
-            Target::Uext4FuseUring => Ok(Box::new(uext4_mount(image, mountpoint, "io_uring=on")?)),
+    /// Attaches the target to `image` (mounting at `mountpoint` if it mounts);
+    /// `defaults` are tunables for uext4's kinds that the target's own override.
+    pub fn attach(
+        &self,
+        image: &Path,
+        mountpoint: &Path,
+        defaults: &[(String, String)],
+    ) -> Result<Box<dyn Session>, BenchError> {
+        let mut tunables: Vec<(String, String)> =
+            defaults.iter().filter(|(k, _)| !self.tunables.iter().any(|(o, _)| o == k)).cloned().collect();
+        tunables.extend(self.tunables.iter().cloned());
+        let options = |transport: &str| {
+            let mut all = vec![transport.to_string()];
+            all.extend(tunables.iter().map(|(k, v)| format!("{k}={v}")));
+            all.join(",")
+        };
+        match self.kind {
+            TargetKind::Uext4 | TargetKind::Uext4NoJournal => Ok(Box::new(Uext4Session::open(image, tunables)?)),
+            TargetKind::Kernel | TargetKind::KernelNoJournal => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
+            TargetKind::Fuse2fs => Ok(Box::new(fuse2fs(image, mountpoint)?)),
+            TargetKind::Uext4Fuse => Ok(Box::new(uext4_mount(image, mountpoint, &options("io_uring=off"))?)),
+            TargetKind::Uext4FuseUring => Ok(Box::new(uext4_mount(image, mountpoint, &options("io_uring=on"))?)),
         }
     }
 }
@@ -156,10 +232,13 @@ pub trait Session {
     fn helper_usage(&self) -> Usage {
         Usage::default()
     }
-    /// The device layer's counters, where the target exposes them.
-    fn io_stats(&self) -> Option<uext4::dev::IoStats> {
-        None
+    /// What the target's device has done so far: uext4's device counters and
+    /// I/O model; for the kernel, its block requests priced by the same model.
+    fn device(&self) -> DeviceSnapshot {
+        DeviceSnapshot::default()
     }
+    /// A phase begins: distinct inode-table blocks are counted afresh.
+    fn begin_phase(&self) {}
     /// Drops every cache the target keeps, leaving the image as it is.
     fn restart(&mut self) -> Result<(), BenchError>;
     /// Flushes and detaches; the image is then complete on disk.
@@ -178,25 +257,42 @@ pub fn run_tool(cmd: &mut Command) -> Result<String, BenchError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A device's figures at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeviceSnapshot {
+    pub stats: Option<IoStats>,
+    pub model: Option<IoReport>,
+}
+
 struct Uext4Session {
     image: PathBuf,
+    tunables: Vec<(String, String)>,
     /// None only inside `restart`, between closing the image and opening it again.
     ops: Option<Uext4Ops>,
     /// Counters of the device instances closed by restarts, so figures span the run.
-    io_before: uext4::dev::IoStats,
+    io_before: IoStats,
+    /// One model for the whole run: a reopen keeps counting (and the head stays).
+    model: Arc<IoModel>,
 }
 
 impl Uext4Session {
-    fn open(image: &Path) -> Result<Uext4Session, BenchError> {
+    fn open(image: &Path, tunables: Vec<(String, String)>) -> Result<Uext4Session, BenchError> {
+        let model = Arc::new(IoModel::default());
         Ok(Uext4Session {
             image: image.to_path_buf(),
-            ops: Some(Self::open_ops(image)?),
+            ops: Some(Self::open_ops(image, &tunables, &model)?),
+            tunables,
             io_before: Default::default(),
+            model,
         })
     }
 
-    fn open_ops(image: &Path) -> Result<Uext4Ops, BenchError> {
-        let fs = uext4::Filesystem::open(image, uext4::Options { read_only: false, ..Default::default() })
+    fn open_ops(image: &Path, tunables: &[(String, String)], model: &Arc<IoModel>) -> Result<Uext4Ops, BenchError> {
+        let mut opts = uext4::Options { read_only: false, io_model: Some(model.clone()), ..Default::default() };
+        for (k, v) in tunables {
+            opts.set(k, v).map_err(|e| BenchError(format!("uext4 option {k}={v}: {e}")))?;
+        }
+        let fs = uext4::Filesystem::open(image, opts)
             .map_err(|e| BenchError(format!("uext4 cannot open {}: {e}", image.display())))?;
         Ok(Uext4Ops { fs: Arc::new(fs) })
     }
@@ -211,16 +307,23 @@ impl Session for Uext4Session {
         self.live()
     }
 
-    fn io_stats(&self) -> Option<uext4::dev::IoStats> {
-        Some(self.io_before + self.live().fs.cache().device().stats())
+    fn device(&self) -> DeviceSnapshot {
+        DeviceSnapshot {
+            stats: Some(self.io_before + self.live().fs.cache().device().stats()),
+            model: Some(self.model.report()),
+        }
+    }
+
+    fn begin_phase(&self) {
+        self.model.new_epoch();
     }
 
     fn restart(&mut self) -> Result<(), BenchError> {
         self.live().fs.sync().map_err(|e| BenchError(format!("uext4 sync: {e}")))?;
-        let io = self.io_stats().unwrap_or_default();
+        let io = self.device().stats.unwrap_or_default();
         // The old filesystem lets go of the image (and its lock) before the new one opens it.
         self.ops = None;
-        self.ops = Some(Self::open_ops(&self.image)?);
+        self.ops = Some(Self::open_ops(&self.image, &self.tunables, &self.model)?);
         self.io_before = io;
         Ok(())
     }
@@ -234,19 +337,72 @@ struct KernelSession {
     image: PathBuf,
     ops: PosixOps,
     mounted: bool,
+    /// The kernel's block requests, from its tracepoint, priced by uext4's model
+    /// (None when tracing is not possible here; then only /sys/block counts).
+    trace: Option<KernelTrace>,
+    /// The loop device's /sys/block counters at mount, and those of devices
+    /// left behind by restarts.
+    loop_stat: Option<(PathBuf, IoStats)>,
+    io_before: IoStats,
 }
 
 impl KernelSession {
     fn mount(image: &Path, mountpoint: &Path) -> Result<KernelSession, BenchError> {
-        // noinit_itable: mkfs left inode tables for the kernel to zero lazily, and
-        // that background thread would otherwise run during the measurement.
-        run_tool(Command::new("mount").args(["-t", "ext4", "-o", "loop,noinit_itable"]).arg(image).arg(mountpoint))?;
-        Ok(KernelSession {
+        // The model learns the image's fixed blocks (superblocks, bitmaps, inode
+        // tables, journal) from a read-only open before the kernel mounts it.
+        let trace = match kernel_trace::KernelTrace::start(image) {
+            Ok(t) => Some(t),
+            Err(why) => {
+                eprintln!("kernel requests are not traced ({why}); counting them from /sys/block");
+                None
+            }
+        };
+        let mut session = KernelSession {
             image: image.to_path_buf(),
             ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: false },
-            mounted: true,
-        })
+            mounted: false,
+            trace,
+            loop_stat: None,
+            io_before: IoStats::default(),
+        };
+        session.mount_again()?;
+        Ok(session)
     }
+
+    fn mount_again(&mut self) -> Result<(), BenchError> {
+        // noinit_itable: mkfs left inode tables for the kernel to zero lazily, and
+        // that background thread would otherwise run during the measurement.
+        run_tool(
+            Command::new("mount").args(["-t", "ext4", "-o", "loop,noinit_itable"]).arg(&self.image).arg(&self.ops.root),
+        )?;
+        self.mounted = true;
+        let device = run_tool(Command::new("findmnt").args(["-no", "SOURCE"]).arg(&self.ops.root))?.trim().to_string();
+        let name = device.rsplit('/').next().unwrap_or_default().to_string();
+        let stat = PathBuf::from(format!("/sys/block/{name}/stat"));
+        self.loop_stat = loop_stat(&stat).map(|s| (stat, s));
+        if let Some(trace) = &self.trace {
+            trace.follow_device(&device).map_err(BenchError)?;
+        }
+        Ok(())
+    }
+
+    fn loop_io(&self) -> IoStats {
+        let now = self.loop_stat.as_ref().and_then(|(path, at_mount)| loop_stat(path).map(|s| s - *at_mount));
+        self.io_before + now.unwrap_or_default()
+    }
+}
+
+/// A block device's counters from /sys/block/NAME/stat (requests, sectors).
+fn loop_stat(path: &Path) -> Option<IoStats> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let f: Vec<u64> = text.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    Some(IoStats {
+        reads: *f.first()?,
+        read_bytes: f.get(2)? * 512,
+        writes: *f.get(4)?,
+        write_bytes: f.get(6)? * 512,
+        flushes: f.get(15).copied().unwrap_or(0),
+    })
 }
 
 impl Session for KernelSession {
@@ -254,11 +410,23 @@ impl Session for KernelSession {
         &self.ops
     }
 
+    fn device(&self) -> DeviceSnapshot {
+        DeviceSnapshot { stats: Some(self.loop_io()), model: self.trace.as_ref().map(|t| t.report()) }
+    }
+
+    fn begin_phase(&self) {
+        if let Some(t) = &self.trace {
+            t.new_epoch();
+        }
+    }
+
     fn restart(&mut self) -> Result<(), BenchError> {
+        let io = self.loop_io();
         run_tool(Command::new("umount").arg(&self.ops.root))?;
         self.mounted = false;
-        *self = KernelSession::mount(&self.image, &self.ops.root)?;
-        Ok(())
+        self.io_before = io;
+        self.loop_stat = None;
+        self.mount_again()
     }
 
     fn finish(mut self: Box<Self>) -> Result<(), BenchError> {

@@ -38,6 +38,15 @@ pub trait Workload: Sync {
             4096
         }
     }
+    /// mkfs.ext4 arguments beyond the harness's own (`-i` for more inodes).
+    fn mkfs_args(&self, _quick: bool) -> Vec<String> {
+        Vec::new()
+    }
+    /// Tunables every uext4 target gets unless it names its own (a cache bound
+    /// smaller than what the workload touches).
+    fn uext4_defaults(&self, _quick: bool) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Makes input files (a host tree, an archive) under `input`, once per bench run.
     fn prepare(&self, _quick: bool, _input: &Path) -> Result<(), BenchError> {
         Ok(())
@@ -60,8 +69,46 @@ pub fn all() -> Vec<&'static dyn Workload> {
     ]
 }
 
+/// Workloads run only by name: too long for `all --quick` (seed 000's
+/// experiment creates 300,000 files at its quick size).
+pub fn by_name_only() -> Vec<&'static dyn Workload> {
+    vec![&IReserve { toy: true }, &IReserve { toy: false }]
+}
+
+/// Removes everything below `path` the way `rm -rf` does, in readdir order:
+/// each directory's entries as readdir lists them, a directory after its
+/// contents. Returns how many names it removed.
+pub fn remove_tree(fs: &dyn FsOps, path: &str) -> io::Result<u64> {
+    let mut removed = 0;
+    for name in fs.read_dir(path)? {
+        let child = if path.is_empty() { name } else { format!("{path}/{name}") };
+        if fs.is_dir(&child)? {
+            removed += remove_tree(fs, &child)?;
+            fs.rmdir(&child)?;
+        } else {
+            fs.unlink(&child)?;
+        }
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+/// `find PATH` with a stat of every name (readdir order); returns the count.
+pub fn walk_tree(fs: &dyn FsOps, path: &str) -> io::Result<u64> {
+    let mut seen = 0;
+    for name in fs.read_dir(path)? {
+        let child = if path.is_empty() { name } else { format!("{path}/{name}") };
+        fs.stat(&child)?;
+        seen += 1;
+        if fs.is_dir(&child)? {
+            seen += walk_tree(fs, &child)?;
+        }
+    }
+    Ok(seen)
+}
+
 pub fn by_name(name: &str) -> Option<&'static dyn Workload> {
-    all().into_iter().find(|w| w.name() == name)
+    all().into_iter().chain(by_name_only()).find(|w| w.name() == name)
 }
 
 /// Deterministic pseudo-random numbers (xorshift64*), so every target sees the same offsets.
@@ -170,7 +217,7 @@ impl Workload for Tree {
         "tree"
     }
     fn about(&self) -> &'static str {
-        "mkdir a two-level tree, then create 4 KiB files in its leaf directories round-robin"
+        "mkdir a two-level tree, create 4 KiB files in its leaf directories round-robin, then (cold) rm -rf it"
     }
     fn size(&self, quick: bool) -> String {
         let (fanout, files) = Self::shape(quick);
@@ -195,6 +242,15 @@ impl Workload for Tree {
                 fs.create(&path, 0o644)?.write_at(0, &pattern(i, 4096))?;
             }
             Ok(())
+        })?;
+        phases.restart()?;
+        let names = fanout + fanout * fanout + files;
+        phases.timed("rm -rf", names, &mut |fs| {
+            (0..fanout).try_for_each(|a| {
+                let top = format!("d{a:02}");
+                remove_tree(fs, &top)?;
+                fs.rmdir(&top)
+            })
         })
     }
 }
@@ -375,7 +431,7 @@ impl Workload for Untar {
         "untar"
     }
     fn about(&self) -> &'static str {
-        "unpack a tar archive of a source-like tree (files, directories, symlinks, mtimes)"
+        "unpack a tar archive of a source-like tree (files, directories, symlinks, mtimes); then, cold, find with a stat of every name, and rm -rf"
     }
     fn size(&self, quick: bool) -> String {
         let t = Self::tree(quick);
@@ -437,6 +493,14 @@ impl Workload for Untar {
                 fs.set_mtime(&path, entry.header().mtime()? as i64)?;
             }
             Ok(())
+        })?;
+        // Jan Kara's list for seed 000: untar, then find through the tree and its removal.
+        phases.restart()?;
+        phases.timed("find", count, &mut |fs| walk_tree(fs, "src").map(drop))?;
+        phases.restart()?;
+        phases.timed("rm -rf", count, &mut |fs| {
+            remove_tree(fs, "src")?;
+            fs.rmdir("src")
         })
     }
 }
@@ -677,6 +741,146 @@ impl Workload for FsyncStorm {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Seed 000's experiment (Coly Li's dir_ireserve benchmark), run on targets
+/// that carry the policy (`uext4:dir_ireserve=low`, ...).
+///
+/// `ireserve-toy`: 8 directories of 2 files, made round-robin inside one
+/// directory, then removed directory by directory, once writing every
+/// operation's dirty blocks at its end (a sync after each), once after each
+/// directory; the device figures count the inode-table block writes (the seed:
+/// 32 without reservation, 8 with). Its image has 512-byte inodes, 8 to a
+/// 4 KiB block, as the seed's picture has them.
+///
+/// `ireserve`: N directories, then 15 files of 1 KiB in each, round-robin
+/// (file k of every directory before file k + 1 of any), the image reopened
+/// with a cold cache, then rm -rf in readdir order. uext4 runs with a cache
+/// bound below the inode tables this touches (`uext4_defaults`); the kernel
+/// has this machine's page cache.
+struct IReserve {
+    toy: bool,
+}
+
+impl IReserve {
+    fn dirs(quick: bool) -> u64 {
+        if quick {
+            20_000
+        } else {
+            50_000
+        }
+    }
+}
+
+const IRESERVE_FILES: u64 = 15;
+const IRESERVE_FILE: usize = 1024;
+const TOY_DIRS: u64 = 8;
+const TOY_FILES: u64 = 2;
+
+impl Workload for IReserve {
+    fn name(&self) -> &'static str {
+        if self.toy {
+            "ireserve-toy"
+        } else {
+            "ireserve"
+        }
+    }
+    fn about(&self) -> &'static str {
+        if self.toy {
+            "seed 000's toy: 8 directories x 2 files removed with a sync per operation and per directory \
+             (count the inode-table block writes); 8 inodes per block as in the seed"
+        } else {
+            "seed 000: N directories x 15 files of 1 KiB round-robin, cold cache, rm -rf in readdir order"
+        }
+    }
+    fn size(&self, quick: bool) -> String {
+        if self.toy {
+            return format!("{TOY_DIRS} directories x {TOY_FILES} files, 512-byte inodes");
+        }
+        let cache = &self.uext4_defaults(quick)[0].1;
+        format!(
+            "{} directories x {IRESERVE_FILES} files of {IRESERVE_FILE} bytes; uext4 with cache_mb={cache} \
+             (the inode tables touched are larger)",
+            Self::dirs(quick)
+        )
+    }
+    fn image_mb(&self, quick: bool) -> u64 {
+        // Seed 000 used a 50 GB partition: room for windows of 128 slots.
+        match (self.toy, quick) {
+            (true, _) => 256,
+            (false, true) => 20 << 10,
+            (false, false) => 48 << 10,
+        }
+    }
+    fn mkfs_args(&self, _quick: bool) -> Vec<String> {
+        match self.toy {
+            true => vec!["-I".into(), "512".into()],
+            false => vec!["-i".into(), "8192".into()],
+        }
+    }
+    fn uext4_defaults(&self, quick: bool) -> Vec<(String, String)> {
+        vec![("cache_mb".into(), if quick { "32" } else { "64" }.into())]
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let body = pattern(1, IRESERVE_FILE);
+        if !self.toy {
+            return self.scale(quick, phases, &body);
+        }
+        for (phase, per_operation) in [("sync per operation", true), ("sync per directory", false)] {
+            let top = if per_operation { "toy-op" } else { "toy-dir" };
+            phases.untimed(&mut |fs| {
+                fs.mkdir(top, 0o755)?;
+                (0..TOY_DIRS).try_for_each(|d| fs.mkdir(&format!("{top}/{d}"), 0o755))?;
+                for f in 0..TOY_FILES {
+                    for d in 0..TOY_DIRS {
+                        fs.create(&format!("{top}/{d}/{f}"), 0o644)?.write_at(0, &body)?;
+                    }
+                }
+                Ok(())
+            })?;
+            phases.timed(phase, TOY_DIRS * (TOY_FILES + 1), &mut |fs| {
+                for d in 0..TOY_DIRS {
+                    for f in 0..TOY_FILES {
+                        fs.unlink(&format!("{top}/{d}/{f}"))?;
+                        if per_operation {
+                            fs.sync()?;
+                        }
+                    }
+                    fs.rmdir(&format!("{top}/{d}"))?;
+                    fs.sync()?;
+                }
+                Ok(())
+            })?;
+            phases.untimed(&mut |fs| fs.rmdir(top))?;
+        }
+        Ok(())
+    }
+}
+
+impl IReserve {
+    fn scale(&self, quick: bool, phases: &mut dyn Phases, body: &[u8]) -> Result<(), BenchError> {
+        let n = Self::dirs(quick);
+        phases.timed("mkdir", n, &mut |fs| (0..n).try_for_each(|d| fs.mkdir(&format!("d{d:05}"), 0o755)))?;
+        phases.timed("create", n * IRESERVE_FILES, &mut |fs| {
+            for f in 0..IRESERVE_FILES {
+                for d in 0..n {
+                    fs.create(&format!("d{d:05}/f{f:02}"), 0o644)?.write_at(0, body)?;
+                }
+            }
+            Ok(())
+        })?;
+        phases.restart()?;
+        phases.timed("remove", n * (IRESERVE_FILES + 1), &mut |fs| {
+            for name in fs.read_dir("")? {
+                if name == "lost+found" {
+                    continue;
+                }
+                remove_tree(fs, &name)?;
+                fs.rmdir(&name)?;
+            }
+            Ok(())
+        })
     }
 }
 

@@ -42,7 +42,10 @@ errors=continue|remount-ro|panic   what an I/O error or inconsistency does, as t
 (default: the superblock's, else remount-ro); a journal abort is always read-only\n  \
 extent_zeroout_len=N   zero out unwritten extents of up to N blocks instead of splitting\n                         \
 them (default 256; extent_max_zeroout_kb=KIB is the same in KiB); runtime: see `uext4 tune`\n  \
-dir_ireserve, hash_goal, pdirops, inline_data   not implemented yet: only =off is accepted")]
+dir_ireserve=off|low|normal|high|N   keep windows of 16, 64, 128 or N inode slots for each\n                         \
+new directory's files (seed 000; default off)\n  \
+hash_goal=on|off       in indexed directories, place inodes in name-hash order (seed 003; default off)\n  \
+pdirops, inline_data   not implemented yet: only =off is accepted")]
 pub struct MountArgs {
     /// Image file (or block device) holding the ext4 filesystem
     pub image: PathBuf,

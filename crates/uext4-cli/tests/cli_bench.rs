@@ -25,7 +25,7 @@ fn workload_names() -> Vec<String> {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| !l.starts_with(' '))
+        .filter(|l| !l.starts_with(' ') && !l.contains("not part of `all`"))
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .collect()
 }
@@ -97,8 +97,9 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         assert!(s["ops"].as_u64().unwrap() > 0, "{s}");
         assert!(s["cpu_s"].as_f64().unwrap() >= 0.0, "{s}");
         let target = s["target"].as_str().unwrap().to_string();
-        // uext4's device figures are reported; other targets have none.
-        assert_eq!(s["device"].is_object(), target == "uext4", "{s}");
+        // uext4's device layer and the kernel's loop device report figures; the FUSE targets none.
+        assert_eq!(s["device"].is_object(), target == "uext4" || target == "kernel", "{s}");
+        assert_eq!(s["model"].is_object(), target == "uext4" || (target == "kernel" && s["model"].is_object()), "{s}");
         let key = (s["workload"].as_str().unwrap().to_string(), s["phase"].as_str().unwrap().to_string(), target);
         seen.entry(key).or_default().insert(s["run"].as_u64().unwrap());
     }
@@ -117,9 +118,13 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         let png = std::fs::read(out_dir.join(format!("{w}.png"))).unwrap_or_else(|e| panic!("{w}.png: {e}"));
         assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 5_000, "{w}.png is not a drawn plot");
     }
-    // The ratio column exists and uext4's own ratio is exactly 1.
-    assert!(markdown.contains("| time / uext4's |"));
-    assert!(markdown.lines().filter(|l| l.contains("| uext4 |")).all(|l| l.ends_with("| 1.00x |")), "{markdown}");
+    // The ratio columns exist and uext4's own ratios are exactly 1 (time in the
+    // main tables, modelled HDD time in the model tables).
+    assert!(markdown.contains("| time / uext4's |") && markdown.contains("| HDD / uext4's |"));
+    for line in markdown.lines().filter(|l| l.contains("| uext4 |")) {
+        let model_row = line.split('|').count() == 11;
+        assert!(if model_row { line.contains("| 1.00x |") } else { line.ends_with("| 1.00x |") }, "{line}");
+    }
 }
 
 /// With journaled and journal-less twins of a target, the tables show what the
@@ -163,4 +168,57 @@ fn bench_reports_the_cost_of_the_journal() {
     // 300 fsyncs: the journal flushes before and after each commit block, the
     // journal-less one once per fsync.
     assert!(flushes("uext4") >= 600 && flushes("uext4-nojournal") >= 300, "{json}");
+}
+
+/// Targets with tunables, and the I/O model's figures: requests by class,
+/// distinct inode-table blocks written, modelled HDD and SSD time, for uext4's
+/// targets and (through its block tracepoint) the kernel.
+#[test]
+fn bench_reports_the_io_model_for_targets_with_tunables() {
+    if !have("mkfs.ext4") {
+        assert!(!oracles_required(), "e2fsprogs is required");
+        eprintln!("SKIPPED: the bench needs mkfs.ext4 and e2fsck");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let targets = "uext4,uext4:dir_ireserve=low,kernel";
+    let args = ["bench", "tree", "--quick", "--runs", "1", "--targets", targets, "--out", out_dir.to_str().unwrap()];
+    let out = uext4(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    let sample = |target: &str, phase: &str| {
+        json["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["target"] == target && s["phase"] == phase)
+            .unwrap_or_else(|| panic!("no {phase} sample of {target}: {json}"))
+            .clone()
+    };
+    let mut measured = vec!["uext4", "uext4:dir_ireserve=low"];
+    if json["targets"].as_array().unwrap().iter().any(|t| t == "kernel") {
+        measured.push("kernel");
+    } else {
+        assert!(!oracles_required(), "the kernel target was skipped: {json}");
+    }
+    for target in measured {
+        let s = sample(target, "files");
+        let classes = s["device"]["by_class"].as_object().unwrap_or_else(|| panic!("{target}: {s}"));
+        for class in ["inode_table", "bitmap", "journal"] {
+            assert!(classes[class]["write_blocks"].as_u64().unwrap() > 0, "{target}: no {class} writes: {s}");
+        }
+        if target != "kernel" {
+            // The kernel's directory blocks are not tagged (nobody tells the model).
+            assert!(classes["directory"]["write_blocks"].as_u64().unwrap() > 0, "{target}: {s}");
+        }
+        assert!(s["device"]["itable_blocks_written"].as_u64().unwrap() > 0, "{target}: {s}");
+        let (hdd, ssd) = (s["model"]["hdd_s"].as_f64().unwrap(), s["model"]["ssd_s"].as_f64().unwrap());
+        assert!(hdd > ssd && ssd > 0.0, "{target}: hdd {hdd} ssd {ssd}");
+    }
+    let markdown = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    assert!(markdown.contains("| files | uext4:dir_ireserve=low |"), "{markdown}");
+    assert!(markdown.contains("HDD model s"), "{markdown}");
+    assert!(markdown.contains("Load average"), "{markdown}");
 }

@@ -74,6 +74,16 @@ pub struct Options {
     /// What an error does, as the kernel's errors= mount option; None takes the
     /// superblock's s_errors (remount-ro when it names none).
     pub errors: Option<Errors>,
+    /// Directory inode reservation (seed 000; `alloc::dir_ireserve`): inode
+    /// slots kept for each new directory's files. Off by default.
+    pub dir_ireserve: crate::alloc::DirReserve,
+    /// Inode goals from the name hash in indexed directories (seed 003;
+    /// `alloc::hash_goal`). Off by default.
+    pub hash_goal: bool,
+    /// Sees every device request, sorted by what it holds and priced on model
+    /// disks (`dev::io_model`); for benchmarks. The model may outlive the
+    /// filesystem (a reopen keeps counting).
+    pub io_model: Option<Arc<crate::dev::IoModel>>,
 }
 
 impl Default for Options {
@@ -86,6 +96,9 @@ impl Default for Options {
             commit_interval_secs: 5,
             extent_zeroout_len: 256,
             errors: None,
+            dir_ireserve: crate::alloc::DirReserve::Off,
+            hash_goal: false,
+            io_model: None,
         }
     }
 }
@@ -107,6 +120,8 @@ pub struct Filesystem {
     /// Open-time tunables, kept to report them.
     pub(crate) commit_interval_secs: u64,
     pub(crate) cache_mb: usize,
+    pub(crate) dir_ireserve: crate::alloc::DirReserve,
+    pub(crate) hash_goal: bool,
     /// Open handles per inode: an unlinked inode lives until its last close.
     pub(crate) open_files: Mutex<HashMap<u32, u32>>,
     /// The orphan chain and orphan file as recorded on disk (ns/orphan.rs).
@@ -216,6 +231,10 @@ impl Filesystem {
     }
 
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: Options) -> Result<Filesystem> {
+        let dev: Arc<dyn BlockDevice> = match &opts.io_model {
+            Some(model) => Arc::new(crate::dev::TracedDevice::new(dev, model.clone())),
+            None => dev,
+        };
         let mut raw = [0u8; SUPERBLOCK_SIZE];
         if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
             return Err(Error::corrupt(
@@ -299,7 +318,11 @@ impl Filesystem {
     ) -> Result<Filesystem> {
         let geo = Geometry::of(&sb, !opts.ignore_checksums);
         let vol = Arc::new(Volume::open(dev, sb, geo, opts.cache_mb, opts.errors, read_only, reason)?);
-        let alloc = Arc::new(Allocator::new(vol.clone(), Box::new(MainlinePolicy)));
+        let policy = match read_only {
+            true => Box::new(MainlinePolicy),
+            false => crate::alloc::policy_for(&vol, opts.dir_ireserve, opts.hash_goal)?,
+        };
+        let alloc = Arc::new(Allocator::new(vol.clone(), policy));
         let shard_capacity = (opts.inode_cache_entries / INODE_CACHE_SHARDS).max(16);
         let fs = Filesystem {
             vol,
@@ -308,6 +331,8 @@ impl Filesystem {
             extent_zeroout_len: std::sync::atomic::AtomicU32::new(opts.extent_zeroout_len),
             commit_interval_secs: opts.commit_interval_secs,
             cache_mb: opts.cache_mb,
+            dir_ireserve: opts.dir_ireserve,
+            hash_goal: opts.hash_goal,
             open_files: Mutex::new(HashMap::new()),
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
@@ -330,6 +355,14 @@ impl Filesystem {
     /// descriptors, load the journal, finish the orphans of a previous session.
     fn prepare_writes(&self, opts: &Options) -> Result<()> {
         if self.vol.opened_read_only() {
+            // An I/O model still wants to know the journal's blocks (a benchmark
+            // opens an image read-only to classify another writer's requests);
+            // an unreadable journal only leaves them unclassified.
+            if opts.io_model.is_some() && self.vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+                if let Ok(map) = self.journal_block_map() {
+                    self.vol.register_journal_blocks(&map);
+                }
+            }
             return Ok(());
         }
         // New hash indexes take the default hash version: one e2fsck and the kernel
@@ -350,6 +383,7 @@ impl Filesystem {
         let vol = &self.vol;
         if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
             let map = self.journal_block_map()?;
+            vol.register_journal_blocks(&map);
             let view = Arc::new(JournalView {
                 cache: vol.cache.clone(),
                 sb: vol.sb.clone(),
@@ -470,6 +504,16 @@ impl Filesystem {
 
     pub fn free_inodes(&self) -> u64 {
         self.alloc.free_inodes()
+    }
+
+    /// The inode windows directories hold now (`dir_ireserve`), by directory.
+    pub fn inode_windows(&self) -> Vec<(u32, crate::alloc::Window)> {
+        self.alloc.policy().windows()
+    }
+
+    /// The hash span of directory `dir` (`hash_goal`), if one is in memory.
+    pub fn hash_span(&self, dir: u32) -> Option<crate::alloc::hash_goal::Span> {
+        self.alloc.policy().hash_span(dir)
     }
 
     /// Makes the calling thread act as `who` until the guard drops: a privileged

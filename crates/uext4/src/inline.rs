@@ -79,6 +79,7 @@ impl Filesystem {
             let _space = self.alloc.ensure_space(8)?;
             let (blk, _) = self.alloc.alloc_blocks(tx, self.inode_goal(ino), 1)?;
             if inode.is_dir() {
+                self.vol.cache.classify(blk, crate::dev::IoClass::Directory);
                 let buf = self.vol.cache.get_new(blk);
                 buf.write().copy_from_slice(&block);
                 tx.dirty(&buf);

@@ -73,6 +73,35 @@ impl Filesystem {
         Ok(self.cache_inode(ino, inode))
     }
 
+    /// A zeroed buffer for the inode-table block holding slot `index` of
+    /// `group`, when the block is not cached and every other inode in it is
+    /// free: nothing in it needs reading, as the kernel's __ext4_get_inode_loc
+    /// skips the read then. A new directory in its own window (dir_ireserve)
+    /// would otherwise read a block per mkdir. The group lock keeps the bitmap
+    /// still while it is checked and the block made: an inode allocated in the
+    /// block meanwhile is written into this buffer, never over it.
+    fn inode_block_unread(&self, group: u32, index: u32, block: u64) -> Result<Option<Arc<crate::cache::Buffer>>> {
+        if self.vol.cache.holds(block) {
+            return Ok(None);
+        }
+        let gd = self.vol.groups[group as usize].read();
+        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 || !self.vol.cache.holds(gd.bg_inode_bitmap) {
+            return Ok(None);
+        }
+        let per_block = (self.vol.geo.block_size / self.vol.geo.inode_size) as u32;
+        let first = index / per_block * per_block;
+        let bitmap = self.vol.cache.get(gd.bg_inode_bitmap)?;
+        let others_free = {
+            let bits = bitmap.read();
+            (first..(first + per_block).min(self.vol.geo.inodes_per_group))
+                .all(|i| i == index || !crate::format::bitmap::test_bit(&bits, i as usize))
+        };
+        if !others_free || self.vol.cache.holds(block) {
+            return Ok(None);
+        }
+        Ok(Some(self.vol.cache.get_new(block)))
+    }
+
     /// Per-inode checksum seed for its extent, directory and htree blocks.
     pub(crate) fn inode_seed(&self, ino: u32, inode: &Inode) -> u32 {
         crate::format::inode::inode_csum_seed(self.vol.geo.csum_seed, ino, inode.i_generation)
@@ -106,7 +135,10 @@ impl Filesystem {
         let off = (byte % self.vol.geo.block_size as u64) as usize;
         let seed = if self.vol.geo.metadata_csum { Some(self.vol.geo.csum_seed) } else { None };
         let raw = inode.to_bytes(ino, seed);
-        let buf = self.vol.cache.get(block)?;
+        let buf = match self.inode_block_unread(group, index, block)? {
+            Some(fresh) => fresh,
+            None => self.vol.cache.get(block)?,
+        };
         buf.write()[off..off + raw.len()].copy_from_slice(&raw);
         tx.dirty(&buf);
         self.cache_inode(ino, Inode::parse(&raw)?);

@@ -3,10 +3,11 @@
 //! operation reads each tunable once, at its start, so a change cannot mix
 //! values within one operation.
 //!
-//! The mechanisms dir_ireserve, hash_goal, pdirops and inline_data (for new
-//! inodes) are not built yet: their options parse, accept the value that
-//! describes what uext4 does today, and refuse the others by name rather than
-//! pretend.
+//! dir_ireserve (seed 000) and hash_goal (seed 003) are open-time options that
+//! choose the inode placement policy (`alloc::policy_for`). The mechanisms
+//! pdirops and inline_data (for new inodes) are not built yet: their options
+//! parse, accept the value that describes what uext4 does today, and refuse the
+//! others by name rather than pretend.
 
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Options};
@@ -23,8 +24,15 @@ pub struct Tunable {
 
 /// Mechanisms named in DESIGN.md that are not implemented yet, with the only
 /// value that describes uext4 today.
-const NOT_YET: [(&str, &str); 4] =
-    [("dir_ireserve", "off"), ("hash_goal", "off"), ("pdirops", "off"), ("inline_data", "off")];
+const NOT_YET: [(&str, &str); 2] = [("pdirops", "off"), ("inline_data", "off")];
+
+fn on_off(key: &str, value: &str) -> Result<bool> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(Error::Invalid(format!("{key}={value}: expected on or off"))),
+    }
+}
 
 fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
     value.parse().map_err(|_| Error::Invalid(format!("{key}={value}: not a number")))
@@ -53,6 +61,8 @@ impl Options {
                 self.extent_zeroout_len = zeroout_blocks(key, value, 4096)?
             }
             "errors" => self.errors = Some(value.parse()?),
+            "dir_ireserve" => self.dir_ireserve = crate::alloc::DirReserve::parse(value)?,
+            "hash_goal" => self.hash_goal = on_off(key, value)?,
             _ => return not_yet(key, value),
         }
         Ok(())
@@ -81,6 +91,8 @@ impl Filesystem {
             Tunable { name: "cache_mb", value: self.cache_mb.to_string(), runtime: false },
             Tunable { name: "commit", value: self.commit_interval_secs.to_string(), runtime: false },
             Tunable { name: "errors", value: self.errors_behaviour().to_string(), runtime: false },
+            Tunable { name: "dir_ireserve", value: self.dir_ireserve.to_string(), runtime: false },
+            Tunable { name: "hash_goal", value: if self.hash_goal { "on" } else { "off" }.into(), runtime: false },
         ];
         out.extend(NOT_YET.iter().map(|(name, today)| Tunable { name, value: today.to_string(), runtime: false }));
         out

@@ -40,6 +40,7 @@ impl Filesystem {
         self.vol.check_metadata_free_range(blk, 1, &|| format!("xattr block of inode {ino}"))?;
         let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
         let seed = self.vol.geo.csum_seed;
+        self.vol.cache.classify(blk, crate::dev::IoClass::Other);
         let buf = self.vol.cache.get_verified(blk, |b| {
             if verify {
                 xattr::verify_block_checksum(b, blk, seed)?;
@@ -286,6 +287,7 @@ impl Filesystem {
             };
             // The kernel looks entries up in a block by sorted order.
             block.sort_by(|a, b| (a.index, a.suffix.len(), &a.suffix).cmp(&(b.index, b.suffix.len(), &b.suffix)));
+            self.vol.cache.classify(blk, crate::dev::IoClass::Other);
             let buf = self.vol.cache.get_new(blk);
             {
                 let mut data = buf.write();

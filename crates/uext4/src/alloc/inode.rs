@@ -1,10 +1,21 @@
 //! The inode allocator and its placement policy.
 //!
 //! Where a new inode goes is a policy (`InodePolicy`), kept apart from the bitmap
-//! work so that directory inode reservation and hash-derived goals can replace it.
-//! `MainlinePolicy` follows mainline ext4 in spirit: directories under the root are
-//! spread Orlov-style to groups with more free inodes and blocks than average and
-//! few directories; other directories and files stay near their parent.
+//! work: the allocator owns the group locks, the bitmaps, the counters and
+//! `bg_itable_unused`; a policy only chooses. It is asked twice:
+//! 1. `preferred` groups, locked in turn, where `pick` may name a slot in the
+//!    group's bitmap (a reserved window, a hash position); a policy with no such
+//!    slots names no groups;
+//! 2. failing that, `group_order`, where the allocator takes the first free slot
+//!    from its own per-group hint (groups busy with other creates are passed over
+//!    first, waited for only when every group is busy).
+//!
+//! So a policy can never make a free inode unreachable: the second pass is the
+//! ordinary allocator. `MainlinePolicy` follows mainline ext4 in spirit:
+//! directories under the root are spread Orlov-style to groups with more free
+//! inodes and blocks than average and few directories; other directories and
+//! files stay near their parent. `dir_ireserve::DirReservePolicy` (seed 000) and
+//! `hash_goal::HashGoal` (seed 003) are the others.
 
 use crate::alloc::Allocator;
 use crate::cache::Buffer;
@@ -16,19 +27,158 @@ use crate::volume::Volume;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Chooses the order in which groups are tried for a new inode.
+/// What the allocator knows of a new inode when a policy places it.
+#[derive(Clone, Debug, Default)]
+pub struct InodeRequest {
+    pub parent: u32,
+    pub is_dir: bool,
+    /// Inode numbers named in the parent's directory block the new name will go
+    /// into (Andreas Dilger's restart idea, seed 000): where the parent's files
+    /// are when nothing in memory says. Filled only when the policy asks
+    /// (`InodePolicy::wants_neighbours`).
+    pub neighbours: Vec<u32>,
+    /// In a hash-indexed parent, with a policy that asks: the new name's hash
+    /// and the (hash, inode) of every entry in the leaf it goes into.
+    pub name_hash: Option<u32>,
+    pub leaf: Vec<(u32, u32)>,
+    /// The parent's size in blocks, when the hint was taken.
+    pub parent_blocks: u64,
+}
+
+impl InodeRequest {
+    pub fn new(parent: u32, is_dir: bool) -> InodeRequest {
+        InodeRequest { parent, is_dir, ..Default::default() }
+    }
+}
+
+/// Chooses where a new inode goes (see the module comment for the two passes).
 pub trait InodePolicy: Send + Sync {
-    fn group_order(&self, vol: &Volume, parent: u32, is_dir: bool) -> Vec<u32>;
+    /// The groups the ordinary pass tries, best first.
+    fn group_order(&self, vol: &Volume, req: &InodeRequest) -> Vec<u32>;
+
+    /// Groups where `pick` may find a slot of the policy's own, best first.
+    fn preferred(&self, _vol: &Volume, _req: &InodeRequest) -> Vec<u32> {
+        Vec::new()
+    }
+
+    /// A free slot (index in the group) of `g`, whose inode bitmap `bitmap` the
+    /// caller holds locked; `usable(i)` says whether slot i may be handed out at
+    /// all (not one of the reserved inodes). None: nothing of the policy's here.
+    fn pick(
+        &self,
+        _vol: &Volume,
+        _g: u32,
+        _bitmap: &[u8],
+        _req: &InodeRequest,
+        _usable: &dyn Fn(u32) -> bool,
+    ) -> Option<u32> {
+        None
+    }
+
+    /// `ino` went to `req` (by either pass).
+    fn allocated(&self, _vol: &Volume, _req: &InodeRequest, _ino: u32) {}
+
+    /// `ino` was freed.
+    fn freed(&self, _vol: &Volume, _ino: u32, _was_dir: bool) {}
+
+    /// Whether placing a new inode under `parent` needs `InodeRequest::neighbours`
+    /// (and, in an indexed parent, the name's hash and leaf), which cost reading
+    /// the parent's block.
+    fn wants_neighbours(&self, _parent: u32, _indexed: bool) -> bool {
+        false
+    }
+
+    /// Whether placing a new inode in a directory that is (or is not) indexed
+    /// needs `InodeRequest::name_hash`.
+    fn wants_name_hash(&self, _indexed: bool) -> bool {
+        false
+    }
+
+    /// The windows directories hold (`dir_ireserve`), by directory inode.
+    fn windows(&self) -> Vec<(u32, crate::alloc::Window)> {
+        Vec::new()
+    }
+
+    /// The span of directory `dir` (`hash_goal`).
+    fn hash_span(&self, _dir: u32) -> Option<crate::alloc::hash_goal::Span> {
+        None
+    }
+}
+
+/// Policies stacked: each one's own slots in turn, then the ordinary pass of
+/// the first.
+pub struct Layered {
+    layers: Vec<Box<dyn InodePolicy>>,
+}
+
+impl Layered {
+    pub fn new(layers: Vec<Box<dyn InodePolicy>>) -> Layered {
+        Layered { layers }
+    }
+}
+
+impl InodePolicy for Layered {
+    fn group_order(&self, vol: &Volume, req: &InodeRequest) -> Vec<u32> {
+        match self.layers.first() {
+            Some(first) => first.group_order(vol, req),
+            None => MainlinePolicy.group_order(vol, req),
+        }
+    }
+
+    fn preferred(&self, vol: &Volume, req: &InodeRequest) -> Vec<u32> {
+        let mut out: Vec<u32> = Vec::new();
+        for g in self.layers.iter().flat_map(|l| l.preferred(vol, req)) {
+            if !out.contains(&g) {
+                out.push(g);
+            }
+        }
+        out
+    }
+
+    fn pick(
+        &self,
+        vol: &Volume,
+        g: u32,
+        bitmap: &[u8],
+        req: &InodeRequest,
+        usable: &dyn Fn(u32) -> bool,
+    ) -> Option<u32> {
+        self.layers.iter().find_map(|l| l.pick(vol, g, bitmap, req, usable))
+    }
+
+    fn allocated(&self, vol: &Volume, req: &InodeRequest, ino: u32) {
+        self.layers.iter().for_each(|l| l.allocated(vol, req, ino));
+    }
+
+    fn freed(&self, vol: &Volume, ino: u32, was_dir: bool) {
+        self.layers.iter().for_each(|l| l.freed(vol, ino, was_dir));
+    }
+
+    fn wants_neighbours(&self, parent: u32, indexed: bool) -> bool {
+        self.layers.iter().any(|l| l.wants_neighbours(parent, indexed))
+    }
+
+    fn wants_name_hash(&self, indexed: bool) -> bool {
+        self.layers.iter().any(|l| l.wants_name_hash(indexed))
+    }
+
+    fn windows(&self) -> Vec<(u32, crate::alloc::Window)> {
+        self.layers.iter().flat_map(|l| l.windows()).collect()
+    }
+
+    fn hash_span(&self, dir: u32) -> Option<crate::alloc::hash_goal::Span> {
+        self.layers.iter().find_map(|l| l.hash_span(dir))
+    }
 }
 
 pub struct MainlinePolicy;
 
 impl InodePolicy for MainlinePolicy {
-    fn group_order(&self, vol: &Volume, parent: u32, is_dir: bool) -> Vec<u32> {
+    fn group_order(&self, vol: &Volume, req: &InodeRequest) -> Vec<u32> {
         let groups = vol.geo.group_count;
-        let parent_group = (parent - 1) / vol.geo.inodes_per_group;
+        let parent_group = (req.parent - 1) / vol.geo.inodes_per_group;
         let rotated = |first: u32| (0..groups).map(move |i| (first + i) % groups);
-        if !is_dir || parent != crate::ns::ROOT_INO {
+        if !req.is_dir || req.parent != crate::ns::ROOT_INO {
             return rotated(parent_group).collect();
         }
         // Orlov for top-level directories: among groups with at least average free
@@ -98,11 +248,64 @@ impl Allocator {
 
     /// Allocates an inode number for a new inode under `parent`.
     pub fn alloc_inode(&self, tx: &mut Handle, parent: u32, is_dir: bool) -> Result<u32> {
+        self.alloc_inode_for(tx, &InodeRequest::new(parent, is_dir))
+    }
+
+    /// Whether placing a new inode under `parent` wants `InodeRequest::neighbours`
+    /// (see `InodePolicy::wants_neighbours`).
+    pub fn wants_neighbours(&self, parent: u32, indexed: bool) -> bool {
+        self.policy.wants_neighbours(parent, indexed)
+    }
+
+    /// Whether placing it wants `InodeRequest::name_hash`.
+    pub fn wants_name_hash(&self, indexed: bool) -> bool {
+        self.policy.wants_name_hash(indexed)
+    }
+
+    /// Allocates an inode number for `req`: the policy's own slots first, then
+    /// the ordinary search (see the module comment).
+    ///
+    /// # Errors
+    /// `NoSpace` when no inode is free; `Corrupt` for a bitmap that fails its
+    /// checksum; `Io`.
+    pub fn alloc_inode_for(&self, tx: &mut Handle, req: &InodeRequest) -> Result<u32> {
         if self.free_inodes.load(Ordering::Relaxed) == 0 {
             return Err(Error::NoSpace("no free inodes".into()));
         }
+        for g in self.policy.preferred(&self.vol, req) {
+            let Some(lock) = self.vol.groups.get(g as usize) else { continue };
+            let mut gd_lock = lock.write();
+            if gd_lock.bg_free_inodes_count == 0 {
+                continue;
+            }
+            let mut gd = gd_lock.clone();
+            let buf = self.inode_bitmap(tx, g, &mut gd)?;
+            let first_ino = self.vol.sb.read().first_ino();
+            let ipg = self.vol.geo.inodes_per_group;
+            let usable = |i: u32| i < ipg && g as u64 * ipg as u64 + i as u64 + 1 >= first_ino as u64;
+            let picked = self.policy.pick(&self.vol, g, &buf.read(), req, &usable);
+            let Some(index) = picked else {
+                // An INODE_UNINIT group's bitmap was built and its flag cleared.
+                if gd != *gd_lock {
+                    self.vol.write_group_desc(tx, g, &gd)?;
+                    *gd_lock = gd;
+                }
+                continue;
+            };
+            if !usable(index) || bitmap::test_bit(&buf.read(), index as usize) {
+                return Err(Error::corrupt(
+                    format!("placement policy picked slot {index}, which is not free"),
+                    format!("group {g}"),
+                ));
+            }
+            let ino = self.take_inode(tx, g, &mut gd, &buf, index, req.is_dir)?;
+            *gd_lock = gd;
+            drop(gd_lock);
+            self.policy.allocated(&self.vol, req, ino);
+            return Ok(ino);
+        }
         let first_ino = self.vol.sb.read().first_ino();
-        let order = self.policy.group_order(&self.vol, parent, is_dir);
+        let order = self.policy.group_order(&self.vol, req);
         // Many creates in one directory all start at its group: one busy there
         // tries the next group rather than queue (the policy's first choices are
         // tried without waiting); only if every group is busy does it wait.
@@ -121,56 +324,78 @@ impl Allocator {
                 continue;
             }
             let mut gd = gd_lock.clone();
-            // Slots past ipg - itable_unused may never have been initialized (lazy
-            // inode table init); those before it hold what was last written there.
-            let itable_trusted = match self.vol.geo.gd_csum {
-                GdCsum::None => self.vol.geo.inodes_per_group,
-                _ if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 => 0,
-                _ => self.vol.geo.inodes_per_group.saturating_sub(gd.bg_itable_unused),
-            };
             let buf = self.inode_bitmap(tx, g, &mut gd)?;
             let ipg = self.vol.geo.inodes_per_group as usize;
-            let index = {
-                let mut b = buf.write();
+            let found = {
+                let b = buf.read();
                 let hint = (self.inode_hint[g as usize].load(Ordering::Relaxed) as usize).min(ipg);
                 // Reserved inodes (below s_first_ino) are never handed out.
                 let usable = |i: usize| g as usize * ipg + i + 1 >= first_ino as usize;
                 let free = |i: &usize| !bitmap::test_bit(&b, *i) && usable(*i);
-                let Some(i) = (hint..ipg).find(free).or_else(|| (0..hint).find(free)) else {
-                    continue;
-                };
-                bitmap::set_bit(&mut b, i);
-                if self.vol.geo.metadata_csum {
-                    gd.bg_inode_bitmap_csum =
-                        bitmap::checksum(&b, self.vol.geo.inodes_per_group, self.vol.geo.csum_seed);
-                }
-                i
+                (hint..ipg).find(free).or_else(|| (0..hint).find(free))
             };
-            if (index as u32) < itable_trusted {
-                if let Err(e) = self.check_inode_slot_free(g, &gd, index as u32) {
-                    // Nothing is dirtied yet: the bit goes back and the group is as it was.
-                    bitmap::clear_bit(&mut buf.write(), index);
-                    return Err(e);
+            let Some(index) = found else {
+                if gd != *gd_lock {
+                    self.vol.write_group_desc(tx, g, &gd)?;
+                    *gd_lock = gd;
                 }
-            }
-            tx.dirty(&buf);
-            gd.bg_free_inodes_count -= 1;
-            if is_dir {
-                gd.bg_used_dirs_count += 1;
-            }
-            // Inodes past ipg - itable_unused have never been used; keep that true.
-            // Writable opens refuse itable_unused > ipg (Filesystem::check_descriptors).
-            let first_unused = (ipg as u32).saturating_sub(gd.bg_itable_unused);
-            if index as u32 >= first_unused {
-                gd.bg_itable_unused = ipg as u32 - index as u32 - 1;
-            }
-            self.vol.write_group_desc(tx, g, &gd)?;
-            *gd_lock = gd;
+                continue;
+            };
+            let ino = self.take_inode(tx, g, &mut gd, &buf, index as u32, req.is_dir)?;
             self.inode_hint[g as usize].store(index as u32 + 1, Ordering::Relaxed);
-            self.free_inodes.fetch_sub(1, Ordering::Relaxed);
-            return Ok(g * self.vol.geo.inodes_per_group + index as u32 + 1);
+            *gd_lock = gd;
+            drop(gd_lock);
+            self.policy.allocated(&self.vol, req, ino);
+            return Ok(ino);
         }
         Err(Error::NoSpace("no group has a free inode".into()))
+    }
+
+    /// Marks slot `index` of group `g` in use: bitmap and its checksum, the
+    /// descriptor's counts and `bg_itable_unused`. The caller holds the group
+    /// lock and has checked that the slot is free.
+    fn take_inode(
+        &self,
+        tx: &mut Handle,
+        g: u32,
+        gd: &mut GroupDesc,
+        buf: &Arc<Buffer>,
+        index: u32,
+        is_dir: bool,
+    ) -> Result<u32> {
+        let ipg = self.vol.geo.inodes_per_group;
+        // Slots past ipg - itable_unused may never have been initialized (lazy
+        // inode table init); those before it hold what was last written there.
+        let itable_trusted = match self.vol.geo.gd_csum {
+            GdCsum::None => ipg,
+            _ if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 => 0,
+            _ => ipg.saturating_sub(gd.bg_itable_unused),
+        };
+        if index < itable_trusted {
+            // Before anything is set or dirtied: a refusal leaves the group as it was.
+            self.check_inode_slot_free(g, gd, index)?;
+        }
+        {
+            let mut b = buf.write();
+            bitmap::set_bit(&mut b, index as usize);
+            if self.vol.geo.metadata_csum {
+                gd.bg_inode_bitmap_csum = bitmap::checksum(&b, ipg, self.vol.geo.csum_seed);
+            }
+        }
+        tx.dirty(buf);
+        gd.bg_free_inodes_count -= 1;
+        if is_dir {
+            gd.bg_used_dirs_count += 1;
+        }
+        // Inodes past ipg - itable_unused have never been used; keep that true.
+        // Writable opens refuse itable_unused > ipg (Filesystem::check_descriptors).
+        let first_unused = ipg.saturating_sub(gd.bg_itable_unused);
+        if index >= first_unused {
+            gd.bg_itable_unused = ipg - index - 1;
+        }
+        self.vol.write_group_desc(tx, g, gd)?;
+        self.free_inodes.fetch_sub(1, Ordering::Relaxed);
+        Ok(g * ipg + index + 1)
     }
 
     pub fn free_inode(&self, tx: &mut Handle, ino: u32, was_dir: bool) -> Result<()> {
@@ -202,6 +427,8 @@ impl Allocator {
         let hint = &self.inode_hint[g as usize];
         hint.fetch_min(index as u32, Ordering::Relaxed);
         self.free_inodes.fetch_add(1, Ordering::Relaxed);
+        drop(gd_lock);
+        self.policy.freed(&self.vol, ino, was_dir);
         Ok(())
     }
 }

@@ -19,6 +19,8 @@
 //! that never said counts as unprivileged.
 
 pub mod block;
+pub mod dir_ireserve;
+pub mod hash_goal;
 pub mod inode;
 mod reserve;
 
@@ -31,8 +33,30 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub use inode::{InodePolicy, MainlinePolicy};
+pub use dir_ireserve::{DirReserve, DirReservePolicy, Window};
+pub use hash_goal::HashGoal;
+pub use inode::{InodePolicy, InodeRequest, Layered, MainlinePolicy};
 pub use reserve::Reservation;
+
+/// The placement policy the options ask for: `hash_goal` first (indexed
+/// directories), then `dir_ireserve`, then the ordinary policy.
+///
+/// # Errors
+/// `Invalid` when a `dir_ireserve` window does not fit in a group.
+pub fn policy_for(vol: &Volume, dir_ireserve: DirReserve, hash_goal: bool) -> Result<Box<dyn InodePolicy>> {
+    let mut layers: Vec<Box<dyn InodePolicy>> = Vec::new();
+    if hash_goal {
+        layers.push(Box::new(HashGoal::new()));
+    }
+    if let Some(slots) = dir_ireserve.slots() {
+        layers.push(Box::new(DirReservePolicy::new(vol, slots)?));
+    }
+    Ok(match layers.len() {
+        0 => Box::new(MainlinePolicy),
+        1 => layers.pop().expect("one layer"),
+        _ => Box::new(Layered::new(layers)),
+    })
+}
 
 /// A user and a group: the owner of a new inode, and who a call acts as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +211,11 @@ impl Allocator {
 
     pub fn volume(&self) -> &Arc<Volume> {
         &self.vol
+    }
+
+    /// The placement policy (to ask it what it holds, in tests and reports).
+    pub fn policy(&self) -> &dyn InodePolicy {
+        self.policy.as_ref()
     }
 
     pub fn free_blocks(&self) -> u64 {

@@ -22,7 +22,7 @@
 //! shard, plus the buffers callers hold at that moment (`RESIDENT_SLACK_BLOCKS`
 //! states a bound for tests).
 
-use crate::dev::BlockDevice;
+use crate::dev::{BlockDevice, IoClass};
 use crate::error::Result;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{HashMap, VecDeque};
@@ -157,6 +157,11 @@ impl BufferCache {
         self.insert(block, vec![0u8; self.block_size].into_boxed_slice())
     }
 
+    /// Whether `block` is in the cache now.
+    pub fn holds(&self, block: u64) -> bool {
+        self.shard(block).lock().map.contains_key(&block)
+    }
+
     fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
         let shard = self.shard(block).lock();
         let b = shard.map.get(&block)?;
@@ -221,9 +226,22 @@ impl BufferCache {
         dropped
     }
 
+    /// Says what `block` holds, for the device's I/O model (nothing happens
+    /// without one): the layers that read or make blocks whose role the geometry
+    /// does not tell (directory blocks, extent nodes, xattr blocks) call it
+    /// before the block's first request. The class lasts until `forget`.
+    pub fn classify(&self, block: u64, class: IoClass) {
+        if let Some(model) = self.dev.io_model() {
+            model.classes().tag(block, class);
+        }
+    }
+
     /// Drops a block that was freed: a dirty copy must never be written back over
     /// whatever the block holds next (file data goes straight to the device).
     pub fn forget(&self, block: u64) {
+        if let Some(model) = self.dev.io_model() {
+            model.classes().untag(block);
+        }
         if let Some(b) = self.shard(block).lock().map.remove(&block) {
             b.dirty.store(false, Ordering::Release);
         }

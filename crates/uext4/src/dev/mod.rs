@@ -5,11 +5,16 @@
 //! report it. A read past the end of the device is a `Corrupt` error, because only
 //! a damaged or truncated image points there.
 //!
+//! `io_model` sorts requests by what they hold and prices them on model disks
+//! (`TracedDevice`), for benchmarks.
+//!
 //! A writable `FileDevice` holds the image's exclusive lock for its whole life
 //! and refuses an image the kernel or another uext4 process holds (`in_use`).
 
 mod in_use;
+pub mod io_model;
 pub use in_use::check_unused;
+pub use io_model::{IoClass, IoModel, IoReport, TracedDevice};
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -29,6 +34,10 @@ pub trait BlockDevice: Send + Sync {
     /// Who else held the image when a read-only open found it in use (a uext4
     /// mount, the kernel): what is read may be stale or half-changed.
     fn in_use(&self) -> Option<String> {
+        None
+    }
+    /// The I/O model that sees this device's requests, if any (`TracedDevice`).
+    fn io_model(&self) -> Option<&Arc<IoModel>> {
         None
     }
 }
@@ -309,6 +318,10 @@ impl BlockDevice for OverlayDevice {
 
     fn in_use(&self) -> Option<String> {
         self.inner.in_use()
+    }
+
+    fn io_model(&self) -> Option<&Arc<IoModel>> {
+        self.inner.io_model()
     }
 }
 

@@ -144,6 +144,7 @@ impl Filesystem {
         let bs = self.vol.geo.block_size;
         let nblocks = self.dir_blocks(dir, dir_inode)?;
         let (pblk, _) = self.alloc.alloc_blocks(tx, self.dir_goal(dir, dir_inode, nblocks)?, 1)?;
+        self.vol.cache.classify(pblk, crate::dev::IoClass::Directory);
         let buf = self.vol.cache.get_new(pblk);
         {
             let mut data = buf.write();

@@ -75,6 +75,13 @@ impl Filesystem {
         Ok((info.hash_version, info.indirect_levels, frames))
     }
 
+    /// The hash the index files `name` under in directory `dir`.
+    pub(crate) fn dx_name_hash(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u32> {
+        let root = self.dir_block(dir, inode, 0)?;
+        let version = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
+        self.dx_hash_of(version, name)
+    }
+
     /// The leaf block `name` belongs in.
     pub(crate) fn dx_leaf_for(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u64> {
         let root_version = {

@@ -18,6 +18,8 @@
 //! name that a split is moving. Inside the dir layer nothing takes it: the
 //! namespace operations take it around their whole change (ns/change.rs).
 
+use crate::alloc::InodeRequest;
+use crate::dev::IoClass;
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
 use crate::format::bytes::{le16, le32};
@@ -96,6 +98,7 @@ impl Filesystem {
         let indexed = self.is_indexed(inode);
         let seed = self.inode_seed(ino, inode);
         let bs = self.vol.geo.block_size;
+        self.vol.cache.classify(pblk, IoClass::Directory);
         self.vol.cache.get_verified(pblk, |b| {
             if !verify {
                 return Ok(());
@@ -197,6 +200,51 @@ impl Filesystem {
             }
         }
         Ok(out)
+    }
+
+    /// What the inode allocator's placement policy asks to know of a new `name`
+    /// in `dir` (`InodeRequest`): the inode numbers in the block the name will
+    /// most likely go into (its htree leaf; a linear directory's last block) and,
+    /// in an indexed directory, the name's hash and the (hash, inode) of that
+    /// leaf's entries. Reads blocks only for what the policy asks.
+    pub(crate) fn inode_request(&self, dir: u32, name: &[u8], is_dir: bool) -> Result<InodeRequest> {
+        let mut req = InodeRequest::new(dir, is_dir);
+        let inode = self.inode(dir)?;
+        let indexed = self.is_indexed(&inode);
+        let (want_neighbours, want_hash) =
+            (self.alloc.wants_neighbours(dir, indexed), self.alloc.wants_name_hash(indexed));
+        if !(want_neighbours || want_hash) || inode.has_flag(EXT4_INLINE_DATA_FL) {
+            return Ok(req);
+        }
+        let _structure = self.dir_structure.read(dir as u64);
+        req.parent_blocks = self.dir_blocks(dir, &inode)?;
+        if req.parent_blocks == 0 {
+            return Ok(req);
+        }
+        if want_hash && indexed {
+            req.name_hash = Some(self.dx_name_hash(dir, &inode, name)?);
+        }
+        if !want_neighbours {
+            return Ok(req);
+        }
+        let lblk = match indexed {
+            true => self.dx_leaf_for(dir, &inode, name)?,
+            false => req.parent_blocks - 1,
+        };
+        let mut entries = Vec::new();
+        {
+            let buf = self.dir_block(dir, &inode, lblk)?;
+            let data = buf.read();
+            self.parse_dir_block(dir, lblk, &data, &mut entries)?;
+        }
+        entries.retain(|e| e.name != b"." && e.name != b"..");
+        req.neighbours = entries.iter().map(|e| e.ino).collect();
+        if indexed {
+            for e in &entries {
+                req.leaf.push((self.dx_name_hash(dir, &inode, &e.name)?, e.ino));
+            }
+        }
+        Ok(req)
     }
 
     /// Finds `name` in directory `dir`; Ok(None) if absent. An entry naming a

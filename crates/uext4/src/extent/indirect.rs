@@ -142,6 +142,8 @@ impl Filesystem {
     fn indirect_block(&self, ino: u32, block: u64) -> Result<Arc<Buffer>> {
         let what = || format!("indirect block {block} of inode {ino}");
         self.vol.check_metadata_free_range(block, 1, &what)?;
+        // Mapping metadata, as an extent node is, to the device's I/O model.
+        self.vol.cache.classify(block, crate::dev::IoClass::ExtentNode);
         self.vol.cache.get_verified(block, |data| {
             for (i, raw) in data.chunks_exact(4).enumerate() {
                 let p = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as u64;
@@ -294,6 +296,7 @@ impl Filesystem {
     ) {
         let level = chain.len() - 1;
         for (i, &block) in new_indirect.iter().enumerate() {
+            self.vol.cache.classify(block, crate::dev::IoClass::ExtentNode);
             let buf = self.vol.cache.get_new(block);
             {
                 let mut b = buf.write();

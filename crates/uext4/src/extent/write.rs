@@ -45,6 +45,7 @@ impl Filesystem {
     }
 
     fn write_leaf_block(&self, tx: &mut Handle, ino: u32, inode: &Inode, block: u64, node: &ExtentNode) -> Result<()> {
+        self.vol.cache.classify(block, crate::dev::IoClass::ExtentNode);
         let buf = self.vol.cache.get_new(block);
         {
             let mut data = buf.write();

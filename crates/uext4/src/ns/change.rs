@@ -127,8 +127,9 @@ impl Filesystem {
         let _parent_lock = self.inode_locks.lock(parent as u64);
         self.require_live_dir(parent)?;
         let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
+        let request = self.inode_request(parent, name, is_dir)?;
         let mut tx = self.begin(8)?;
-        let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, parent, is_dir)?;
+        let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, &request)?;
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
@@ -156,12 +157,17 @@ impl Filesystem {
     ///
     /// # Errors
     /// `NoSpace` without a free inode; `Busy` when many in a row are locked.
-    fn alloc_inode_locked(&self, tx: &mut Handle, parent: u32, is_dir: bool) -> Result<(u32, crate::locks::Held<'_>)> {
+    fn alloc_inode_locked(
+        &self,
+        tx: &mut Handle,
+        request: &crate::alloc::InodeRequest,
+    ) -> Result<(u32, crate::locks::Held<'_>)> {
         const TRIES: usize = 16;
+        let is_dir = request.is_dir;
         let mut passed_over = Vec::new();
         let mut found = None;
         for _ in 0..TRIES {
-            let ino = self.alloc.alloc_inode(tx, parent, is_dir)?;
+            let ino = self.alloc.alloc_inode_for(tx, request)?;
             match self.inode_locks.try_lock(ino as u64) {
                 Some(held) => {
                     found = Some((ino, held));
@@ -243,6 +249,7 @@ impl Filesystem {
             i.i_links_count = 2;
             let bs = fs.vol.geo.block_size;
             let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            fs.vol.cache.classify(blk, crate::dev::IoClass::Directory);
             let buf = fs.vol.cache.get_new(blk);
             {
                 let mut data = buf.write();

@@ -313,6 +313,7 @@ impl Filesystem {
                 return Err(Error::corrupt(format!("orphan file has no block at {lblk}"), where_()));
             };
             self.vol.check_block(pblk, &where_)?;
+            self.vol.cache.classify(pblk, crate::dev::IoClass::Other);
             let buf = self.vol.cache.get(pblk)?;
             let data = buf.read();
             if le32_at(&data, self.vol.geo.block_size - 8) != EXT4_ORPHAN_BLOCK_MAGIC {

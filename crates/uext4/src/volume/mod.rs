@@ -20,7 +20,7 @@ pub(crate) use error_state::ErrorState;
 pub use error_state::Errors;
 
 use crate::cache::{BufferCache, Writeback};
-use crate::dev::BlockDevice;
+use crate::dev::{BlockDevice, IoClass};
 use crate::error::{Error, Result};
 use crate::format::group_desc::{GdCsum, GroupDesc};
 use crate::format::superblock::*;
@@ -195,7 +195,41 @@ impl Volume {
             joins
         });
         vol.system_zone = zone;
+        vol.register_io_classes();
         Ok(vol)
+    }
+
+    /// Tells the device's I/O model (if it has one) which blocks the geometry
+    /// fixes: superblock copies and descriptors, bitmaps, inode tables.
+    fn register_io_classes(&self) {
+        let Some(model) = self.cache.device().io_model() else { return };
+        model.set_block_size(self.geo.block_size as u64);
+        let itable_blocks = self.geo.inode_table_blocks();
+        let mut ranges = Vec::with_capacity(self.groups.len() * 4);
+        for (g, gd) in self.groups.iter().enumerate() {
+            let gd = gd.read();
+            let start = self.group_first_block(g as u32);
+            ranges.push((start, start + self.base_meta_blocks(g as u32), IoClass::Superblock));
+            ranges.push((gd.bg_block_bitmap, gd.bg_block_bitmap + 1, IoClass::Bitmap));
+            ranges.push((gd.bg_inode_bitmap, gd.bg_inode_bitmap + 1, IoClass::Bitmap));
+            ranges.push((gd.bg_inode_table, gd.bg_inode_table + itable_blocks, IoClass::InodeTable));
+        }
+        // Block 0 holds the superblock with 1 KiB blocks, the boot sector below it otherwise.
+        ranges.push((0, 1, IoClass::Superblock));
+        model.classes().add_fixed(ranges);
+    }
+
+    /// Tells the device's I/O model which blocks hold the journal.
+    pub(crate) fn register_journal_blocks(&self, map: &[u64]) {
+        let Some(model) = self.cache.device().io_model() else { return };
+        let mut runs: Vec<(u64, u64, IoClass)> = Vec::new();
+        for &block in map {
+            match runs.last_mut() {
+                Some(run) if run.1 == block => run.1 += 1,
+                _ => runs.push((block, block + 1, IoClass::Journal)),
+            }
+        }
+        model.classes().add_fixed(runs);
     }
 
     /// Metadata from here on goes through `journal`. Set once, by a writable open.
