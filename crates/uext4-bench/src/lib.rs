@@ -21,7 +21,7 @@ use report::{DeviceFigures, Results, Sample, Skipped, WorkloadInfo};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use target::{run_tool, Session, Target};
 use usage::own_usage;
 use workload::{Phases, Workload};
@@ -243,13 +243,22 @@ impl Phases for Runner {
         ops: u64,
         body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<()>,
     ) -> Result<(), BenchError> {
+        self.timed_latencies(name, ops, &mut |fs| body(fs).map(|()| Vec::new()))
+    }
+
+    fn timed_latencies(
+        &mut self,
+        name: &str,
+        ops: u64,
+        body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<Vec<Duration>>,
+    ) -> Result<(), BenchError> {
         let session = self.session();
         session.begin_phase();
         let usage_before = own_usage() + session.helper_usage();
         let device_before = session.device();
         let clock = Instant::now();
-        body(session.ops())
-            .and_then(|()| session.ops().sync())
+        let mut latencies = body(session.ops())
+            .and_then(|latencies| session.ops().sync().map(|()| latencies))
             .map_err(|e| BenchError(format!("phase {name}: {e}")))?;
         let wall_s = clock.elapsed().as_secs_f64();
         let usage = own_usage() + session.helper_usage() - usage_before;
@@ -267,6 +276,7 @@ impl Phases for Runner {
             involuntary_switches: usage.involuntary_switches,
             device,
             model,
+            latency_p99_ms: percentile_99(&mut latencies).map(|d| d.as_secs_f64() * 1000.0),
         });
         Ok(())
     }
@@ -279,6 +289,13 @@ impl Phases for Runner {
     fn restart(&mut self) -> Result<(), BenchError> {
         self.session().restart()
     }
+}
+
+/// The 99th percentile (nearest rank) of `latencies`; None when there are none.
+fn percentile_99(latencies: &mut [Duration]) -> Option<Duration> {
+    latencies.sort_unstable();
+    let rank = (latencies.len() * 99).div_ceil(100);
+    latencies.get(rank.checked_sub(1)?).copied()
 }
 
 /// /proc/loadavg's first three figures: how busy this shared machine was.
@@ -323,4 +340,22 @@ fn write_outputs(results: &Results, out: &Path) -> Result<(), BenchError> {
     println!("{markdown}");
     eprintln!("results, JSON and plots are in {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile_99;
+    use std::time::Duration;
+
+    #[test]
+    fn the_99th_percentile_is_the_nearest_rank() {
+        let ms = |v: u64| Duration::from_millis(v);
+        assert_eq!(percentile_99(&mut []), None);
+        assert_eq!(percentile_99(&mut [ms(7)]), Some(ms(7)));
+        // 100 values 1..=100: rank 99 is 99; 200 values: rank 198.
+        let mut hundred: Vec<Duration> = (1..=100).rev().map(ms).collect();
+        assert_eq!(percentile_99(&mut hundred), Some(ms(99)));
+        let mut two_hundred: Vec<Duration> = (1..=200).map(ms).collect();
+        assert_eq!(percentile_99(&mut two_hundred), Some(ms(198)));
+    }
 }

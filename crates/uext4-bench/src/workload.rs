@@ -19,6 +19,14 @@ pub trait Phases {
         ops: u64,
         body: &mut dyn FnMut(&dyn FsOps) -> io::Result<()>,
     ) -> Result<(), BenchError>;
+    /// As `timed`, for a phase whose operations are timed one by one: `body`
+    /// returns their latencies and the sample carries the 99th percentile.
+    fn timed_latencies(
+        &mut self,
+        name: &str,
+        ops: u64,
+        body: &mut dyn FnMut(&dyn FsOps) -> io::Result<Vec<std::time::Duration>>,
+    ) -> Result<(), BenchError>;
     /// Runs `body` outside the timing.
     fn untimed(&mut self, body: &mut dyn FnMut(&dyn FsOps) -> io::Result<()>) -> Result<(), BenchError>;
     /// Drops the target's caches (unmount and mount, or close and reopen).
@@ -668,7 +676,7 @@ impl Workload for ParallelWriters {
 /// Creates in one directory while N = 0, 1, 2, 4 other threads each rewrite and
 /// fsync a file of their own in directories of their own: whether one caller's
 /// fsync stalls everybody else's changes (issue 13). The phase's ops/s is the
-/// creates'; their 99th-percentile latency goes to stderr.
+/// creates', and the sample carries their 99th-percentile latency.
 struct FsyncStorm;
 
 impl FsyncStorm {
@@ -702,7 +710,7 @@ impl Workload for FsyncStorm {
                 fs.mkdir(&format!("creates-{fsyncers}"), 0o755)?;
                 (0..fsyncers).try_for_each(|t| fs.mkdir(&format!("sync-{fsyncers}-{t}"), 0o755))
             })?;
-            phases.timed(&format!("N={fsyncers}"), n, &mut |fs| {
+            phases.timed_latencies(&format!("N={fsyncers}"), n, &mut |fs| {
                 let stop = std::sync::atomic::AtomicBool::new(false);
                 std::thread::scope(|s| {
                     let stop = &stop;
@@ -729,14 +737,11 @@ impl Workload for FsyncStorm {
                         Ok(())
                     });
                     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-                    latencies.sort();
-                    if let Some(p99) = latencies.get(latencies.len() * 99 / 100) {
-                        eprintln!("fsync-storm N={fsyncers}: create p99 {p99:?}");
-                    }
                     syncers
                         .into_iter()
                         .try_for_each(|w| w.join().unwrap_or_else(|_| Err(io::Error::other("an fsyncer panicked"))))
                         .and(created)
+                        .map(|()| latencies)
                 })
             })?;
         }
