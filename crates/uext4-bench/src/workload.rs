@@ -940,7 +940,7 @@ impl Workload for Crunl {
         "crunl"
     }
     fn about(&self) -> &'static str {
-        "seed 002's crunl: T = 1, 2, 4 threads each create, close and unlink their own file in one indexed directory"
+        "seed 002's crunl: T = 1, 2, 4 threads each create, close and unlink their own file in one indexed directory (and 2 in directories of their own)"
     }
     fn size(&self, quick: bool) -> String {
         format!(
@@ -965,6 +965,17 @@ impl Workload for Crunl {
                 })
             })?;
         }
+        // The control: 2 threads in 2 directories of their own, which no
+        // directory lock serialises: what the machine allows 2 threads here.
+        phases.untimed(&mut |fs| (0..2).try_for_each(|t| prefill(fs, &format!("apart-{t}"), quick)))?;
+        phases.threads(2);
+        phases.timed("T=2 apart", n, &mut |fs| {
+            on_threads(fs, 2, n, &|fs, t, _| {
+                let name = format!("apart-{t}/f-{t}");
+                drop(fs.create(&name, 0o644)?);
+                fs.unlink(&name)
+            })
+        })?;
         Ok(())
     }
 }
