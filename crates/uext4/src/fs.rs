@@ -139,8 +139,9 @@ pub struct Filesystem {
     /// in an indexed directory, exclusive for every other change of its names.
     pub(crate) dir_locks: crate::locks::RwLockTable,
     /// Name locks (level 2b), by (directory, hash slot of the name): what two
-    /// pdirops changes of one name meet on (ns/pdirops.rs).
-    pub(crate) name_locks: crate::locks::LockTable,
+    /// pdirops changes of one name meet on (exclusive), and what a lookup waits
+    /// on (shared) so that it sees a change of its name whole (ns/pdirops.rs).
+    pub(crate) name_locks: crate::locks::RwLockTable,
     /// Inode locks (level 3), by inode number: exclusive to change an inode,
     /// shared by changes of a directory's names (which only touch its times and
     /// link count, under `attr_locks`).
@@ -354,7 +355,7 @@ impl Filesystem {
             rename_lock: Mutex::new(()),
             pdirops: opts.pdirops,
             dir_locks: crate::locks::RwLockTable::default(),
-            name_locks: crate::locks::LockTable::default(),
+            name_locks: crate::locks::RwLockTable::default(),
             inode_locks: crate::locks::RwLockTable::default(),
             attr_locks: crate::locks::LockTable::default(),
             dir_structure: crate::locks::RwLockTable::default(),

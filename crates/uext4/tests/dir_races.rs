@@ -315,3 +315,54 @@ fn a_create_never_lands_in_a_removed_directory() {
     drop(fs);
     oracle::assert_e2fsck_clean(&image);
 }
+
+/// A rename is seen whole by lookups: while one thread renames a file along a
+/// chain of new names in one indexed directory (n0 → n1 → n2 ...), another that
+/// finds n(i+1) must not then find n(i), which never comes back. Under pdirops
+/// the rename adds the new name before it removes the old one, each in its
+/// leaf; lookups wait on the names' slots the rename holds.
+#[test]
+fn lookups_see_a_rename_whole() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    uext4::mkfs::mkfs(&image, &uext4::mkfs::MkfsOptions { size: 64 << 20, ..Default::default() }).unwrap();
+    let fs = Arc::new(Filesystem::open(&image, writable()).unwrap());
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+    for i in 0..400 {
+        fs.create(dir, format!("filler-{i:04}-so-that-the-directory-is-an-htree").as_bytes(), 0o644, ROOT).unwrap();
+    }
+    let name = |i: u64| format!("moving-{i:06}").into_bytes();
+    fs.create(dir, &name(0), 0o644, ROOT).unwrap();
+    const STEPS: u64 = 100_000;
+    let at = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (fs, at) = (fs.clone(), at.clone());
+        std::thread::spawn(move || {
+            let (mut seen, mut checks) = (Vec::new(), 0u64);
+            loop {
+                let i = at.load(Ordering::Acquire);
+                if i >= STEPS {
+                    return (seen, checks);
+                }
+                if fs.lookup(dir, &name(i + 1)).unwrap().is_some() {
+                    checks += 1;
+                    if fs.lookup(dir, &name(i)).unwrap().is_some() {
+                        seen.push(i);
+                    }
+                }
+            }
+        })
+    };
+    for i in 0..STEPS {
+        fs.rename(dir, &name(i), dir, &name(i + 1), 0).unwrap();
+        at.store(i + 1, Ordering::Release);
+    }
+    let (seen, checks) = watcher.join().unwrap();
+    eprintln!("{checks} times the new name was found first; the old one with it {} times", seen.len());
+    assert!(seen.is_empty(), "a lookup found both names of renames {:?}", &seen[..seen.len().min(5)]);
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+}

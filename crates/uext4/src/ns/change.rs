@@ -123,7 +123,7 @@ impl Filesystem {
         let is_dir = mode & S_IFMT == S_IFDIR;
         let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         // The parent's inode lock, shared, comes before the handle (see
@@ -300,7 +300,7 @@ impl Filesystem {
         check_name(name)?;
         let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);
@@ -351,7 +351,7 @@ impl Filesystem {
         let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
-        let ino = self.lookup(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        let ino = self.lookup_held(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
         // The removed inode exclusive: for a directory, creates in it hold it
         // shared, so it stays empty from the check below to its removal.
         let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);

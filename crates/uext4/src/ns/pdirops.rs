@@ -11,7 +11,12 @@
 //! - Under a shared hold, each name changed is locked by its hash slot
 //!   (`name_locks`, 2b, key (directory, slot)): two changes of one name
 //!   serialize, so an exclusive create or a rename stays atomic from its
-//!   lookup to its change; changes of different names do not meet here.
+//!   lookup to its change; changes of different names do not meet here. A
+//!   lookup from outside (`Filesystem::lookup`) takes its name's slot shared,
+//!   so it sees a rename — which adds the new name before it removes the old
+//!   one — whole; changes look names up under their own slots
+//!   (`lookup_held`). Listings take no slots: one may show both names of a
+//!   rename in progress (never neither).
 //! - The directory's own inode lock (3) is taken shared by every change of its
 //!   names; changes of the inode itself (setattr, xattrs, its removal by rmdir or
 //!   a rename over it) take it exclusive, so "the directory is still linked"
@@ -32,7 +37,7 @@ use crate::error::Result;
 use crate::format::inode::Inode;
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
-use crate::locks::{Held, Mode, RwHeld};
+use crate::locks::{Mode, RwHeld};
 
 /// Name-lock slots per directory: name hashes are folded to this many. The
 /// lock table only holds slots in use, so a wide space costs nothing, and two
@@ -51,7 +56,7 @@ pub(crate) fn name_slot(name: &[u8]) -> u32 {
     (h ^ (h >> 16)) % NAME_SLOTS
 }
 
-fn slot_key(dir: u32, name: &[u8]) -> u64 {
+pub(crate) fn slot_key(dir: u32, name: &[u8]) -> u64 {
     ((dir as u64) << 32) | name_slot(name) as u64
 }
 
@@ -60,7 +65,7 @@ pub(crate) struct NameLocks<'a> {
     /// Directories held shared: their changes take the leaf path (`add_name`).
     shared: Vec<u32>,
     _dirs: Vec<RwHeld<'a>>,
-    _names: Vec<Held<'a>>,
+    _names: Vec<RwHeld<'a>>,
 }
 
 impl NameLocks<'_> {
@@ -105,7 +110,7 @@ impl Filesystem {
             }
             let keys: Vec<u64> =
                 names.iter().filter(|(d, _)| shared.contains(d)).map(|&(d, n)| slot_key(d, n)).collect();
-            let names_held = self.name_locks.lock_many(&keys);
+            let names_held = self.name_locks.write_many(&keys);
             return Ok(NameLocks { shared, _dirs: held, _names: names_held });
         }
     }

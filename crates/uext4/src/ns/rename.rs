@@ -44,7 +44,7 @@ impl Filesystem {
                 return Ok(false);
             }
             at = self
-                .lookup(at, b"..")?
+                .lookup_held(at, b"..")?
                 .ok_or_else(|| Error::corrupt("directory has no '..'", format!("inode {at}")))?;
         }
         Err(Error::corrupt("'..' chain does not reach the root", format!("inode {dir}")))
@@ -74,8 +74,8 @@ impl Filesystem {
         self.require_dir(src_dir)?;
         self.require_dir(dst_dir)?;
         let shown = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
-        let src = self.lookup(src_dir, src_name)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
-        let dst = self.lookup(dst_dir, dst_name)?;
+        let src = self.lookup_held(src_dir, src_name)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
+        let dst = self.lookup_held(dst_dir, dst_name)?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(Error::Exists(shown(dst_name)));
         }
