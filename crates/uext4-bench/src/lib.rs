@@ -198,8 +198,14 @@ fn run_once(
     mkfs.args(w.mkfs_args(quick));
     run_tool(mkfs.arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
     let session = target.attach(&image, &mountpoint, &w.uext4_defaults(quick))?;
-    let mut runner =
-        Runner { session: Some(session), workload: w.name(), target: target.clone(), run, samples: Vec::new() };
+    let mut runner = Runner {
+        session: Some(session),
+        workload: w.name(),
+        target: target.clone(),
+        run,
+        samples: Vec::new(),
+        threads: 1,
+    };
     let outcome = w.run(quick, input, &mut runner);
     let finished = runner.session.take().map(|s| s.finish()).unwrap_or(Ok(()));
     outcome.map_err(|e| BenchError(format!("{} on {}: {e}", w.name(), target.name())))?;
@@ -228,6 +234,8 @@ struct Runner {
     target: Target,
     run: usize,
     samples: Vec<Sample>,
+    /// Threads of the next timed phase (`Phases::threads`).
+    threads: u64,
 }
 
 impl Runner {
@@ -268,6 +276,7 @@ impl Phases for Runner {
             phase: name.into(),
             target: self.target.clone(),
             run: self.run,
+            threads: std::mem::replace(&mut self.threads, 1),
             ops,
             wall_s,
             ops_per_s: ops as f64 / wall_s.max(1e-9),
@@ -288,6 +297,10 @@ impl Phases for Runner {
 
     fn restart(&mut self) -> Result<(), BenchError> {
         self.session().restart()
+    }
+
+    fn threads(&mut self, threads: u64) {
+        self.threads = threads;
     }
 }
 

@@ -18,6 +18,8 @@ pub struct Sample {
     pub target: Target,
     /// Which repetition; runs of all targets in one repetition form a pair with uext4's.
     pub run: usize,
+    /// Threads the phase ran its operations on.
+    pub threads: u64,
     pub ops: u64,
     pub wall_s: f64,
     pub ops_per_s: f64,
@@ -326,7 +328,7 @@ impl Results {
             let _ = writeln!(md, "\n### {}: {}\n\n{}; {} MiB image.\n", w.name, w.about, w.size, w.image_mb);
             let _ = writeln!(
                 md,
-                "| phase | target | median s | min..max s | ops/s | CPU s | vol. switches | time / uext4's |"
+                "| phase | target | median s | min..max s | ops/s | CPU s | vol. switches (per op) | time / uext4's |"
             );
             let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
             let mut device_lines = Vec::new();
@@ -336,12 +338,13 @@ impl Results {
                     let ratio = s.ratio_to_uext4.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
                     let _ = writeln!(
                         md,
-                        "| {phase} | {} | {:.3} | {lo:.3}..{hi:.3} | {:.0} | {:.3} | {:.0} | {ratio} |",
+                        "| {phase} | {} | {:.3} | {lo:.3}..{hi:.3} | {:.0} | {:.3} | {:.0} ({:.3}) | {ratio} |",
                         s.target.name(),
                         s.median_wall,
                         s.median_ops_per_s,
                         s.median_cpu,
-                        s.median_voluntary
+                        s.median_voluntary,
+                        s.median_voluntary / (s.median_ops_per_s * s.median_wall).max(1.0)
                     );
                     if let Some(d) = &s.device {
                         device_lines.push(format!(
@@ -536,6 +539,7 @@ mod tests {
             phase: "p".into(),
             target,
             run,
+            threads: 1,
             ops: 10,
             wall_s,
             ops_per_s: 10.0 / wall_s,

@@ -31,6 +31,9 @@ pub trait Phases {
     fn untimed(&mut self, body: &mut dyn FnMut(&dyn FsOps) -> io::Result<()>) -> Result<(), BenchError>;
     /// Drops the target's caches (unmount and mount, or close and reopen).
     fn restart(&mut self) -> Result<(), BenchError>;
+    /// The number of threads the next timed phase runs (recorded in its
+    /// sample as `threads`; 1 unless said).
+    fn threads(&mut self, _threads: u64) {}
 }
 
 pub trait Workload: Sync {
@@ -74,6 +77,8 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &FsyncFiles,
         &ParallelWriters,
         &FsyncStorm,
+        &Crunl,
+        &RndRename,
     ]
 }
 
@@ -650,6 +655,7 @@ impl Workload for ParallelWriters {
         let n = Self::files(quick);
         phases.untimed(&mut |fs| fs.mkdir("shared", 0o755))?;
         for threads in [2u64, 4] {
+            phases.threads(threads);
             phases.timed(&format!("{threads} writers"), n, &mut |fs| {
                 std::thread::scope(|s| {
                     let workers: Vec<_> = (0..threads)
@@ -893,6 +899,138 @@ impl IReserve {
             }
             Ok(())
         })
+    }
+}
+
+/// Seed 002's two programs (Alex Tomas's pdirops benchmark), on T = 1, 2, 4
+/// threads in one directory. The directory first holds `prefill_names` names, so that
+/// it is indexed, as a directory worth running in parallel is: pdirops locks by
+/// name only there (a directory of one linear block takes every change whole).
+/// Through any mount the kernel's VFS takes the directory's inode lock
+/// exclusively for create, unlink and rename, so there these stay serial.
+fn prefill_names(quick: bool) -> u64 {
+    // 4 KiB blocks hold ~170 of these names: both sizes make an htree.
+    if quick {
+        1_000
+    } else {
+        5_000
+    }
+}
+
+fn prefill(fs: &dyn FsOps, dir: &str, quick: bool) -> io::Result<()> {
+    fs.mkdir(dir, 0o755)?;
+    (0..prefill_names(quick)).try_for_each(|i| fs.create(&format!("{dir}/prefill-{i:05}"), 0o644).map(drop))
+}
+
+/// Runs `each(thread, i)` for `ops / threads` iterations on each of `threads` threads.
+fn on_threads(
+    fs: &dyn FsOps,
+    threads: u64,
+    ops: u64,
+    each: &(dyn Fn(&dyn FsOps, u64, u64) -> io::Result<()> + Sync),
+) -> io::Result<()> {
+    std::thread::scope(|s| {
+        let workers: Vec<_> =
+            (0..threads).map(|t| s.spawn(move || (0..ops / threads).try_for_each(|i| each(fs, t, i)))).collect();
+        workers.into_iter().try_for_each(|w| w.join().unwrap_or_else(|_| Err(io::Error::other("a worker panicked"))))
+    })
+}
+
+fn crunl_rounds(quick: bool) -> u64 {
+    if quick {
+        4_000
+    } else {
+        200_000
+    }
+}
+
+/// crunl: each thread loops create + close + unlink of its own file.
+struct Crunl;
+
+impl Workload for Crunl {
+    fn name(&self) -> &'static str {
+        "crunl"
+    }
+    fn about(&self) -> &'static str {
+        "seed 002's crunl: T = 1, 2, 4 threads each create, close and unlink their own file in one indexed directory (and 2 in directories of their own)"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!(
+            "{} create+unlink per phase, split between the threads; {} names in the directory",
+            crunl_rounds(quick),
+            prefill_names(quick)
+        )
+    }
+    fn image_mb(&self, _quick: bool) -> u64 {
+        512
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let n = crunl_rounds(quick);
+        phases.untimed(&mut |fs| prefill(fs, "d", quick))?;
+        for threads in [1u64, 2, 4] {
+            phases.threads(threads);
+            phases.timed(&format!("T={threads}"), n, &mut |fs| {
+                on_threads(fs, threads, n, &|fs, t, _| {
+                    let name = format!("d/f-{t}");
+                    drop(fs.create(&name, 0o644)?);
+                    fs.unlink(&name)
+                })
+            })?;
+        }
+        // The control: 2 threads in 2 directories of their own, which no
+        // directory lock serialises: what the machine allows 2 threads here.
+        phases.untimed(&mut |fs| (0..2).try_for_each(|t| prefill(fs, &format!("apart-{t}"), quick)))?;
+        phases.threads(2);
+        phases.timed("T=2 apart", n, &mut |fs| {
+            on_threads(fs, 2, n, &|fs, t, _| {
+                let name = format!("apart-{t}/f-{t}");
+                drop(fs.create(&name, 0o644)?);
+                fs.unlink(&name)
+            })
+        })?;
+        Ok(())
+    }
+}
+
+/// rndrename: each thread creates a random name, renames it to another random
+/// name, and unlinks it.
+struct RndRename;
+
+impl Workload for RndRename {
+    fn name(&self) -> &'static str {
+        "rndrename"
+    }
+    fn about(&self) -> &'static str {
+        "seed 002's rndrename: T = 1, 2, 4 threads each create a random name, rename it to another, unlink it, in one indexed directory"
+    }
+    fn size(&self, quick: bool) -> String {
+        format!(
+            "{} create+rename+unlink per phase, split between the threads; {} names in the directory",
+            crunl_rounds(quick) / 2,
+            prefill_names(quick)
+        )
+    }
+    fn image_mb(&self, _quick: bool) -> u64 {
+        512
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let n = crunl_rounds(quick) / 2;
+        phases.untimed(&mut |fs| prefill(fs, "d", quick))?;
+        for threads in [1u64, 2, 4] {
+            phases.threads(threads);
+            phases.timed(&format!("T={threads}"), n, &mut |fs| {
+                on_threads(fs, threads, n, &|fs, t, i| {
+                    // Random names, distinct between threads (the thread in them).
+                    let mut rng = Rng::new((threads << 40) ^ (t << 32) ^ i);
+                    let from = format!("d/r{t}-{:016x}", rng.next_u64());
+                    let to = format!("d/r{t}-{:016x}", rng.next_u64());
+                    drop(fs.create(&from, 0o644)?);
+                    fs.rename(&from, &to)?;
+                    fs.unlink(&to)
+                })
+            })?;
+        }
+        Ok(())
     }
 }
 

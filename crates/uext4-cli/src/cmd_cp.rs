@@ -27,6 +27,9 @@ pub struct CpArgs {
     /// Accepted for cp's sake: modes, owners and times are always kept
     #[arg(short = 'p', long = "preserve")]
     _preserve: bool,
+    /// Copy in with N threads (default: the number of CPUs); the result equals -j 1's
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    jobs: Option<usize>,
     /// SOURCE... DEST: either IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)
     #[arg(required = true, num_args = 2..)]
     paths: Vec<String>,
@@ -243,7 +246,7 @@ impl CpArgs {
     /// A recursive copy out of an image, as the demo uses it.
     pub fn new(source: Target, dest: PathBuf, open: OpenArgs) -> CpArgs {
         let src = format!("{}:{}", source.image.display(), String::from_utf8_lossy(&source.path));
-        CpArgs { recursive: true, _preserve: true, paths: vec![src, dest.display().to_string()], open }
+        CpArgs { recursive: true, _preserve: true, jobs: None, paths: vec![src, dest.display().to_string()], open }
     }
 }
 
@@ -257,7 +260,8 @@ pub fn run(a: CpArgs) -> CliResult<()> {
     if names_image(last) {
         let dest = Target::parse(last).map_err(Failure::refused)?;
         let sources: Vec<PathBuf> = a.paths[..a.paths.len() - 1].iter().map(PathBuf::from).collect();
-        return crate::cmd_put::copy_in(&sources, &dest, a.recursive);
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        return crate::cmd_put::copy_in(&sources, &dest, a.recursive, a.jobs.unwrap_or(cpus).max(1));
     }
     if a.paths.len() != 2 || !names_image(&a.paths[0]) {
         return Err(Failure::refused("cp needs IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)"));

@@ -45,7 +45,9 @@ them (default 256; extent_max_zeroout_kb=KIB is the same in KiB); runtime: see `
 dir_ireserve=off|low|normal|high|N   keep windows of 16, 64, 128 or N inode slots for each\n                         \
 new directory's files (seed 000; default off)\n  \
 hash_goal=on|off       in indexed directories, place inodes in name-hash order (seed 003; default off)\n  \
-pdirops, inline_data   not implemented yet: only =off is accepted")]
+pdirops=on|off         changes in one indexed directory lock their names, not the directory\n                         \
+(seed 002; default on)\n  \
+inline_data            not implemented yet: only =off is accepted")]
 pub struct MountArgs {
     /// Image file (or block device) holding the ext4 filesystem
     pub image: PathBuf,
@@ -824,9 +826,14 @@ mod tests {
         assert!(c.opts.read_only);
         assert_eq!((c.threads, c.opts.commit_interval_secs, c.opts.extent_zeroout_len), (8, 30, 16));
         assert_eq!(parse_options(&["extent_max_zeroout_kb=32".into()]).unwrap().opts.extent_zeroout_len, 8);
-        assert!(parse_options(&["pdirops=off".into()]).is_ok());
-        let e = parse_options(&["pdirops=on".into()]).err().unwrap().to_string();
-        assert!(e.contains("pdirops=on") && e.contains("not implemented"), "{e}");
+        assert!(parse_options(&[]).unwrap().opts.pdirops, "pdirops is on by default");
+        assert!(!parse_options(&["pdirops=off".into()]).unwrap().opts.pdirops);
+        assert!(parse_options(&["pdirops=on".into()]).unwrap().opts.pdirops);
+        let e = parse_options(&["pdirops=maybe".into()]).err().unwrap().to_string();
+        assert!(e.contains("pdirops=maybe"), "{e}");
+        assert!(parse_options(&["inline_data=off".into()]).is_ok());
+        let e = parse_options(&["inline_data=on".into()]).err().unwrap().to_string();
+        assert!(e.contains("inline_data=on") && e.contains("not implemented"), "{e}");
         assert!(parse_options(&["nosuchoption".into()]).err().unwrap().to_string().contains("nosuchoption"));
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert_eq!(parse_options(&[]).unwrap().uring, UringMode::Auto);

@@ -20,17 +20,17 @@ use std::time::{Duration, Instant};
 use uext4::format::inode::{Timestamp, S_IFBLK, S_IFCHR, S_IFIFO};
 use uext4::{Error, Filesystem, Owner, Result, SetAttr};
 
-struct Importer<'a> {
-    fs: &'a Filesystem,
-    recursive: bool,
+pub(crate) struct Importer<'a> {
+    pub(crate) fs: &'a Filesystem,
+    pub(crate) recursive: bool,
     /// Host (device, inode) of multiply-linked files -> their inode in the image.
-    links: HashMap<(u64, u64), u32>,
-    files: u64,
-    bytes: u64,
-    progress: Option<Instant>,
+    pub(crate) links: HashMap<(u64, u64), u32>,
+    pub(crate) files: u64,
+    pub(crate) bytes: u64,
+    pub(crate) progress: Option<Instant>,
 }
 
-fn host_error(path: &Path, e: std::io::Error) -> Error {
+pub(crate) fn host_error(path: &Path, e: std::io::Error) -> Error {
     Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
@@ -71,7 +71,7 @@ impl Importer<'_> {
     }
 
     /// Copies host `src` to `name` in image directory `parent`.
-    fn copy(&mut self, src: &Path, parent: u32, name: &[u8]) -> Result<()> {
+    pub(crate) fn copy(&mut self, src: &Path, parent: u32, name: &[u8]) -> Result<()> {
         let md = std::fs::symlink_metadata(src).map_err(|e| host_error(src, e))?;
         let owner = Owner { uid: md.uid(), gid: md.gid() };
         let perm = (md.mode() & 0o7777) as u16;
@@ -89,13 +89,7 @@ impl Importer<'_> {
                 return Err(Error::Invalid(format!("{} is a directory (use -r)", src.display())));
             }
             let ino = self.fs.mkdir(parent, name, perm, owner)?.ino;
-            let mut entries: Vec<_> = std::fs::read_dir(src)
-                .map_err(|e| host_error(src, e))?
-                .map(|e| e.map(|e| e.file_name()))
-                .collect::<std::io::Result<_>>()
-                .map_err(|e| host_error(src, e))?;
-            entries.sort();
-            for child in entries {
+            for child in host_children(src)? {
                 self.copy(&src.join(&child), ino, child.as_bytes())?;
             }
             ino
@@ -132,6 +126,14 @@ impl Importer<'_> {
         if !ft.is_dir() && md.nlink() > 1 {
             self.links.insert(key, ino);
         }
+        self.finish(src, &md, ino)
+    }
+
+    /// A copied node's extended attributes, permission bits and times (after a
+    /// directory's contents, since writing into it changes them).
+    pub(crate) fn finish(&mut self, src: &Path, md: &std::fs::Metadata, ino: u32) -> Result<()> {
+        let ft = md.file_type();
+        let perm = (md.mode() & 0o7777) as u16;
         for (xname, value) in host_xattrs(src) {
             if let Err(e) = self.fs.set_xattr(ino, &xname, &value, 0) {
                 eprintln!(
@@ -207,6 +209,17 @@ impl Importer<'_> {
     }
 }
 
+/// The names in host directory `src`, sorted (the order the copy makes them in).
+pub(crate) fn host_children(src: &Path) -> Result<Vec<std::ffi::OsString>> {
+    let mut entries: Vec<_> = std::fs::read_dir(src)
+        .map_err(|e| host_error(src, e))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| host_error(src, e))?;
+    entries.sort();
+    Ok(entries)
+}
+
 /// The next stretch of `f` that may hold data at or after `off`: (start, end),
 /// or None when only a hole remains before `len`.
 fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u64, u64)>> {
@@ -232,8 +245,8 @@ fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u
 /// cp's rule for the destination: into an existing directory under each source's
 /// own name, else (one source) as the destination name itself. Every source and the
 /// destination are checked before the first file is copied.
-pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool) -> CliResult<()> {
-    check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive))
+pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool, jobs: usize) -> CliResult<()> {
+    check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive, jobs))
 }
 
 fn copy_in_pass(
@@ -242,6 +255,7 @@ fn copy_in_pass(
     sources: &[std::path::PathBuf],
     dest: &Target,
     recursive: bool,
+    jobs: usize,
 ) -> CliResult<()> {
     let cannot = || format!("cp: cannot copy into {}", dest.quoted());
     let resolved = resolve(fs, dest).context(cannot)?;
@@ -316,7 +330,13 @@ fn copy_in_pass(
         };
         let context =
             || format!("cp: cannot copy {} to {}", crate::show::quoted(&src.display().to_string()), dest.quoted());
-        im.copy(src, dir, name).context(context)?;
+        if jobs > 1 && recursive && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir()) {
+            let (files, bytes) = crate::put_parallel::copy_tree(fs, src, dir, name, jobs).context(context)?;
+            im.files += files;
+            im.bytes += bytes;
+        } else {
+            im.copy(src, dir, name).context(context)?;
+        }
     }
     if im.progress.is_some() {
         eprintln!("\r{} files, {} MiB copied", im.files, im.bytes >> 20);

@@ -14,6 +14,7 @@ mod cmd_put;
 mod cmd_stats;
 mod demo;
 mod fuse;
+mod put_parallel;
 mod show;
 mod target;
 

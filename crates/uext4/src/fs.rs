@@ -80,6 +80,10 @@ pub struct Options {
     /// Inode goals from the name hash in indexed directories (seed 003;
     /// `alloc::hash_goal`). Off by default.
     pub hash_goal: bool,
+    /// Parallel directory operations (seed 002; `ns::pdirops`): changes in an
+    /// indexed directory lock the names they touch, not the whole directory.
+    /// On by default.
+    pub pdirops: bool,
     /// Sees every device request, sorted by what it holds and priced on model
     /// disks (`dev::io_model`); for benchmarks. The model may outlive the
     /// filesystem (a reopen keeps counting).
@@ -98,6 +102,7 @@ impl Default for Options {
             errors: None,
             dir_ireserve: crate::alloc::DirReserve::Off,
             hash_goal: false,
+            pdirops: true,
             io_model: None,
         }
     }
@@ -128,10 +133,22 @@ pub struct Filesystem {
     pub(crate) orphans: Mutex<crate::ns::orphan::Orphans>,
     /// The rename lock (lock order level 1): only cross-directory renames take it.
     pub(crate) rename_lock: Mutex<()>,
-    /// Directory name locks (level 2; one per directory until pdirops).
-    pub(crate) dir_locks: crate::locks::LockTable,
-    /// Inode locks (level 3), by inode number.
-    pub(crate) inode_locks: crate::locks::LockTable,
+    /// pdirops (seed 002): indexed directories take their changes by name.
+    pub(crate) pdirops: bool,
+    /// Directory locks (level 2a), by directory inode: shared by pdirops changes
+    /// in an indexed directory, exclusive for every other change of its names.
+    pub(crate) dir_locks: crate::locks::RwLockTable,
+    /// Name locks (level 2b), by (directory, hash slot of the name): what two
+    /// pdirops changes of one name meet on (exclusive), and what a lookup waits
+    /// on (shared) so that it sees a change of its name whole (ns/pdirops.rs).
+    pub(crate) name_locks: crate::locks::RwLockTable,
+    /// Inode locks (level 3), by inode number: exclusive to change an inode,
+    /// shared by changes of a directory's names (which only touch its times and
+    /// link count, under `attr_locks`).
+    pub(crate) inode_locks: crate::locks::RwLockTable,
+    /// A directory inode's short attribute updates (level 5b): times, link count
+    /// and, from a change holding its structure lock for writing, size and map.
+    pub(crate) attr_locks: crate::locks::LockTable,
     /// Directory structure locks (level 5), by directory inode: read to look up or
     /// list, write to change the directory's blocks, index or size, so that no
     /// reader sees a split or a conversion half made (dir/mod.rs).
@@ -336,8 +353,11 @@ impl Filesystem {
             open_files: Mutex::new(HashMap::new()),
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
-            dir_locks: crate::locks::LockTable::default(),
-            inode_locks: crate::locks::LockTable::default(),
+            pdirops: opts.pdirops,
+            dir_locks: crate::locks::RwLockTable::default(),
+            name_locks: crate::locks::RwLockTable::default(),
+            inode_locks: crate::locks::RwLockTable::default(),
+            attr_locks: crate::locks::LockTable::default(),
             dir_structure: crate::locks::RwLockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inode_cache_shard_capacity: shard_capacity,
@@ -676,7 +696,7 @@ impl Filesystem {
     pub(crate) fn compact_split_extent_trees(&self) -> Result<()> {
         let to_compact: Vec<u32> = self.extent_compact.lock().drain().collect();
         for ino in to_compact {
-            let _lock = self.inode_locks.lock(ino as u64);
+            let _lock = self.inode_locks.write(ino as u64);
             let mut inode = (*self.inode(ino)?).clone();
             if inode.i_links_count == 0 {
                 continue;

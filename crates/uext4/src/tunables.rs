@@ -4,9 +4,10 @@
 //! values within one operation.
 //!
 //! dir_ireserve (seed 000) and hash_goal (seed 003) are open-time options that
-//! choose the inode placement policy (`alloc::policy_for`). The mechanisms
-//! pdirops and inline_data (for new inodes) are not built yet: their options
-//! parse, accept the value that describes what uext4 does today, and refuse the
+//! choose the inode placement policy (`alloc::policy_for`); pdirops (seed 002,
+//! `ns::pdirops`) chooses how changes in one indexed directory lock. The
+//! mechanism inline_data (for new inodes) is not built yet: its option parses,
+//! accepts the value that describes what uext4 does today, and refuses the
 //! others by name rather than pretend.
 
 use crate::error::{Error, Result};
@@ -24,7 +25,7 @@ pub struct Tunable {
 
 /// Mechanisms named in DESIGN.md that are not implemented yet, with the only
 /// value that describes uext4 today.
-const NOT_YET: [(&str, &str); 2] = [("pdirops", "off"), ("inline_data", "off")];
+const NOT_YET: [(&str, &str); 1] = [("inline_data", "off")];
 
 fn on_off(key: &str, value: &str) -> Result<bool> {
     match value {
@@ -63,6 +64,7 @@ impl Options {
             "errors" => self.errors = Some(value.parse()?),
             "dir_ireserve" => self.dir_ireserve = crate::alloc::DirReserve::parse(value)?,
             "hash_goal" => self.hash_goal = on_off(key, value)?,
+            "pdirops" => self.pdirops = on_off(key, value)?,
             _ => return not_yet(key, value),
         }
         Ok(())
@@ -93,6 +95,7 @@ impl Filesystem {
             Tunable { name: "errors", value: self.errors_behaviour().to_string(), runtime: false },
             Tunable { name: "dir_ireserve", value: self.dir_ireserve.to_string(), runtime: false },
             Tunable { name: "hash_goal", value: if self.hash_goal { "on" } else { "off" }.into(), runtime: false },
+            Tunable { name: "pdirops", value: if self.pdirops { "on" } else { "off" }.into(), runtime: false },
         ];
         out.extend(NOT_YET.iter().map(|(name, today)| Tunable { name, value: today.to_string(), runtime: false }));
         out

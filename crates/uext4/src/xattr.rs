@@ -201,7 +201,7 @@ impl Filesystem {
     /// Reads every attribute, lets `edit` change the list, and writes it back: the
     /// inode body first (system.data always there), the rest into one block.
     fn change_xattrs(&self, ino: u32, edit: &mut dyn FnMut(&mut Vec<DiskAttr>) -> Result<()>) -> Result<()> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let mut inode = (*self.inode(ino)?).clone();
         let mut attrs: Vec<DiskAttr> = Vec::new();
         for (e, v) in xattr::parse_ibody(inode.xattr_area(), ino)? {

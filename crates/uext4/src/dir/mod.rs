@@ -252,6 +252,15 @@ impl Filesystem {
     /// inode referenced"): serving it would let its blocks be used twice, and its
     /// last close free it again.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+        // Under pdirops a change holds its names' slots from its lookup to its
+        // last block change: waiting on the slot (shared) shows a rename whole.
+        let _slot = self.pdirops.then(|| self.name_locks.read(crate::ns::pdirops::slot_key(dir, name)));
+        self.lookup_held(dir, name)
+    }
+
+    /// `lookup` for a caller that holds the name's slot (a change of names), or
+    /// needs none.
+    pub(crate) fn lookup_held(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let found = {
             let _structure = self.dir_structure.read(dir as u64);
             self.lookup_entry(dir, name)?

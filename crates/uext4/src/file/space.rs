@@ -52,7 +52,7 @@ impl Filesystem {
                 self.max_file_size()
             ))
         })?;
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("fallocate on directory inode {ino}")));

@@ -25,7 +25,7 @@ impl Filesystem {
     /// EFBIG and one crossing it is cut short there; running out of space part-way
     /// is a short write. Whatever was written is recorded in the inode.
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("writing to directory inode {ino}")));

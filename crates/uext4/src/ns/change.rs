@@ -2,11 +2,13 @@
 //! setattr — the inode-level API a FUSE low-level frontend calls. File data
 //! (write, truncate, fallocate) is the file layer's (`file`).
 //!
-//! Locks, in docs/ARCHITECTURE.md's order: the parent directory's name lock, then
-//! the inode locks of every inode changed, in ascending inode number, then the
+//! Locks, in docs/ARCHITECTURE.md's order: the parent directory's lock and, under
+//! pdirops, the name's slot (`ns::pdirops`), then the inode locks in ascending
+//! inode number (the parent's shared, every inode changed exclusive), then the
 //! transaction handle, then the structure lock of every directory whose blocks
-//! change (for writing, until its inode is written). A directory takes a new name
-//! only while linked, checked under its inode lock. Every change runs in one handle and checks everything that
+//! change (read for a change inside one leaf under pdirops, else write until its
+//! inode is written), the parent's attribute lock last. A directory takes a new
+//! name only while linked, checked under its inode lock. Every change runs in one handle and checks everything that
 //! can refuse it (names, limits, space, what it will free) before its first
 //! `tx.dirty`: a handle that fails after that aborts the journal (see
 //! journal/handle.rs). Directories of every kind are changed through `dir`
@@ -17,6 +19,7 @@ use crate::format::dirent::{self, file_type_from_mode, EXT4_FT_DIR};
 use crate::format::inode::*;
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
+use crate::locks::Mode;
 use crate::ns::Stat;
 
 /// Worst-case new blocks for one name: a directory block or leaf split, index
@@ -118,13 +121,14 @@ impl Filesystem {
         check_name(name)?;
         let _caller = crate::alloc::acting_as_unless_set(owner);
         let is_dir = mode & S_IFMT == S_IFDIR;
-        let _name_lock = self.dir_locks.lock(parent as u64);
+        let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        // The parent's inode lock comes before the handle (see journal/handle.rs).
-        let _parent_lock = self.inode_locks.lock(parent as u64);
+        // The parent's inode lock, shared, comes before the handle (see
+        // journal/handle.rs); its removal holds it exclusive.
+        let _parent_lock = self.inode_locks.read(parent as u64);
         self.require_live_dir(parent)?;
         let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
         let request = self.inode_request(parent, name, is_dir)?;
@@ -133,17 +137,13 @@ impl Filesystem {
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
-        // From the first change of the parent's blocks until its inode (which maps
-        // them) is written, lookups and listings of it wait (dir/mod.rs).
-        let _structure = self.dir_structure.write(parent as u64);
-        self.uninline(&mut tx, parent)?;
-        let parent_inode = self.inode(parent)?;
-        let mut dir = self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(mode))?;
-        Self::touch_dir(&mut dir);
-        if is_dir {
-            dir.i_links_count = if dir.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { dir.i_links_count + 1 };
-        }
-        self.write_inode(&mut tx, parent, &dir)?;
+        let entry = (name, ino, file_type_from_mode(mode));
+        self.add_name(&mut tx, parent, names.parallel(parent), entry, &|dir| {
+            Self::touch_dir(dir);
+            if is_dir {
+                dir.i_links_count = if dir.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { dir.i_links_count + 1 };
+            }
+        })?;
         tx.finish()?;
         self.stat(ino)
     }
@@ -161,14 +161,14 @@ impl Filesystem {
         &self,
         tx: &mut Handle,
         request: &crate::alloc::InodeRequest,
-    ) -> Result<(u32, crate::locks::Held<'_>)> {
+    ) -> Result<(u32, crate::locks::RwHeld<'_>)> {
         const TRIES: usize = 16;
         let is_dir = request.is_dir;
         let mut passed_over = Vec::new();
         let mut found = None;
         for _ in 0..TRIES {
             let ino = self.alloc.alloc_inode_for(tx, request)?;
-            match self.inode_locks.try_lock(ino as u64) {
+            match self.inode_locks.try_write(ino as u64) {
                 Some(held) => {
                     found = Some((ino, held));
                     break;
@@ -298,12 +298,12 @@ impl Filesystem {
     /// A new name for an existing non-directory inode.
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Stat> {
         check_name(name)?;
-        let _name_lock = self.dir_locks.lock(parent as u64);
+        let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);
         let mut inode = (*self.inode(ino)?).clone();
         if inode.is_dir() {
             return Err(Error::NotPermitted("hard links to directories are not allowed".into()));
@@ -319,13 +319,8 @@ impl Filesystem {
         self.require_live_dir(parent)?;
         let _space = self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
-        let _structure = self.dir_structure.write(parent as u64);
-        self.uninline(&mut tx, parent)?;
-        let parent_inode = self.inode(parent)?;
-        let mut dir =
-            self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(inode.i_mode))?;
-        Self::touch_dir(&mut dir);
-        self.write_inode(&mut tx, parent, &dir)?;
+        let entry = (name, ino, file_type_from_mode(inode.i_mode));
+        self.add_name(&mut tx, parent, names.parallel(parent), entry, &Self::touch_dir)?;
         inode.i_links_count += 1;
         inode.i_ctime = now();
         self.write_inode(&mut tx, ino, &inode)?;
@@ -353,11 +348,13 @@ impl Filesystem {
                 (true, _) => Error::NotEmpty(what),
             });
         }
-        let _name_lock = self.dir_locks.lock(parent as u64);
+        let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
-        let ino = self.lookup(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
-        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let ino = self.lookup_held(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        // The removed inode exclusive: for a directory, creates in it hold it
+        // shared, so it stays empty from the check below to its removal.
+        let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);
         let mut inode = (*self.inode(ino)?).clone();
         match (want_dir, inode.is_dir()) {
             (true, false) => return Err(Error::NotADirectory(shown())),
@@ -391,19 +388,26 @@ impl Filesystem {
             self.check_releasable(ino, &inode)?;
         }
         let mut tx = self.begin(10)?;
-        // The parent's blocks change; a removed directory's are freed: readers of
-        // either wait, then find the name gone or the directory removed.
-        let changed: Vec<u64> = [parent, ino].into_iter().take(if want_dir { 2 } else { 1 }).map(u64::from).collect();
-        let _structure = self.dir_structure.write_many(&changed);
-        self.uninline(&mut tx, parent)?;
+        // The parent's blocks change (under pdirops only its leaf: a read hold);
+        // a removed directory's are freed: readers of either wait, then find the
+        // name gone or the directory removed.
+        let parallel = names.parallel(parent);
+        let mut structure = vec![(parent as u64, if parallel { Mode::Shared } else { Mode::Exclusive })];
+        if want_dir {
+            structure.push((ino as u64, Mode::Exclusive));
+        }
+        let _structure = self.dir_structure.lock_modes(&structure);
+        if !parallel {
+            self.uninline(&mut tx, parent)?;
+        }
         let parent_inode = self.inode(parent)?;
         self.remove_entry(&mut tx, parent, &parent_inode, name)?;
-        let mut dir = (*self.inode(parent)?).clone();
-        Self::touch_dir(&mut dir);
-        if want_dir && dir.i_links_count > 2 {
-            dir.i_links_count -= 1;
-        }
-        self.write_inode(&mut tx, parent, &dir)?;
+        self.update_dir_attrs(&mut tx, parent, None, &|dir| {
+            Self::touch_dir(dir);
+            if want_dir && dir.i_links_count > 2 {
+                dir.i_links_count -= 1;
+            }
+        })?;
         inode.i_ctime = now();
         inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
         if inode.i_links_count == 0 {
@@ -469,7 +473,7 @@ impl Filesystem {
     /// Changes mode, owner, size or times. Shrinking frees the blocks past the new
     /// end; growing only moves i_size (the new range reads as a hole).
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         if let Some(size) = attr.size {
             // Refused before anything changes.
             self.check_truncate(ino, size)?;
@@ -524,7 +528,7 @@ mod tests {
         let first = fs.create(ROOT_INO, b"first", 0o644, owner).unwrap().ino;
         // Inodes are handed out in order from the parent's group: the next is free.
         let next = first + 1;
-        let stale = fs.inode_locks.lock(next as u64);
+        let stale = fs.inode_locks.write(next as u64);
         let (done, result) = std::sync::mpsc::channel();
         let creator = fs.clone();
         std::thread::spawn(move || done.send(creator.create(ROOT_INO, b"second", 0o644, owner)).unwrap());

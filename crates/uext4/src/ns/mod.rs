@@ -7,6 +7,7 @@ use crate::fs::Filesystem;
 
 pub mod change;
 pub mod orphan;
+pub(crate) mod pdirops;
 pub mod rename;
 use std::collections::HashSet;
 
