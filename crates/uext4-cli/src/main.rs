@@ -17,7 +17,8 @@ mod fuse;
 mod show;
 mod target;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -75,8 +76,48 @@ enum Command {
     Bench(uext4_bench::BenchArgs),
 }
 
+/// The FUSE mount helper convention: mount(8) runs mount.fuse3 for a
+/// `fuse.uext4` line, and mount.fuse3 runs `uext4 IMAGE DIR -o OPTS` (and a
+/// `mount.fuse.uext4` link to this binary is run as `mount.fuse.uext4 IMAGE
+/// DIR -o OPTS [-t TYPE] [-n] [-s] [-v]`): both become `uext4 mount IMAGE DIR
+/// -o OPTS`. A first operand that names a subcommand or an option is left for
+/// clap, so `uext4 ls IMG` keeps its meaning; an image file called `ls` must be
+/// given as `./ls`.
+/// A typo of a subcommand followed by operands stays clap's error, as the
+/// convention's second operand must be a directory.
+fn helper_convention(args: Vec<OsString>) -> Vec<OsString> {
+    let as_helper = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|name| name.to_string_lossy().starts_with("mount."));
+    let first = args.get(1).map(|a| a.to_string_lossy().into_owned());
+    let names_subcommand = |a: &str| Cli::command().find_subcommand(a).is_some() || a == "help";
+    let on_dir = args.get(2).is_some_and(|d| std::path::Path::new(d).is_dir());
+    let operands = match &first {
+        Some(a) if as_helper || (!a.starts_with('-') && !names_subcommand(a)) => on_dir,
+        _ => false,
+    };
+    if !operands {
+        return args;
+    }
+    let mut out: Vec<OsString> = vec!["uext4".into(), "mount".into()];
+    let mut rest = args.into_iter().skip(1);
+    while let Some(a) = rest.next() {
+        match a.to_str() {
+            // mount(8)'s helper flags: the type is known, there is no mtab to
+            // skip, and sloppy or verbose change nothing here.
+            Some("-t") => {
+                rest.next();
+            }
+            Some("-n" | "-s" | "-v") => {}
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(helper_convention(std::env::args_os().collect()));
     let result: show::CliResult<()> = match cli.command {
         Command::Info(a) => cmd_info::run(a),
         Command::Ls(a) => cmd_ls::run_ls(a),
