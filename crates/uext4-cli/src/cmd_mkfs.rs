@@ -8,9 +8,10 @@ use uext4::{Error, Result};
 pub struct MkfsArgs {
     /// Image file to create (overwritten if it exists) or block device
     pub image: PathBuf,
-    /// Size, with an optional K, M, G or T suffix (powers of 1024); 8M to 1T
+    /// Size, with an optional K, M, G or T suffix (powers of 1024); 8M to 1T.
+    /// Optional with --offset or --partition: the rest of the image, or the partition
     #[arg(long, short = 's', value_parser = parse_size)]
-    pub size: u64,
+    pub size: Option<u64>,
     /// Block size in bytes (default: 1024 below 512 MiB, else 4096, as mke2fs)
     #[arg(short = 'b')]
     pub block_size: Option<u32>,
@@ -54,8 +55,15 @@ pub fn run(a: MkfsArgs) -> Result<()> {
     if a.image.as_os_str().is_empty() {
         return Err(Error::Invalid("no image path given".into()));
     }
+    let region = crate::target::region();
+    let size = match (a.size, region) {
+        (Some(size), _) => size,
+        (None, uext4::dev::Region::Whole) => return Err(Error::Invalid("--size is required".into())),
+        (None, _) => 0,
+    };
     let opts = MkfsOptions {
-        size: a.size,
+        size,
+        region,
         block_size: a.block_size,
         inode_size: a.inode_size,
         inodes: a.inodes,

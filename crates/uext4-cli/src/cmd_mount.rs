@@ -125,7 +125,7 @@ fn is_fstab_only(item: &str) -> bool {
 
 fn parse_options(list: &[String]) -> Result<MountConfig> {
     let mut c = MountConfig {
-        opts: Options { read_only: false, ..Options::default() },
+        opts: crate::target::options(false),
         allow_other: false,
         allow_root: false,
         threads: 4,
@@ -328,9 +328,10 @@ impl Listeners {
         listeners
     }
 
-    fn tell(&self, ended: &Result<()>) {
+    /// `offset`: where the filesystem starts in the image, for umount's check.
+    fn tell(&self, ended: &Result<()>, offset: u64) {
         let text = match ended {
-            Ok(()) => "clean\n".to_string(),
+            Ok(()) => format!("clean offset={offset}\n"),
             Err(e) => format!("failed: {e}\n"),
         };
         for mut stream in self.0.lock().drain(..) {
@@ -364,8 +365,9 @@ fn serve(
     // sure its message and place reach the log once detached.
     std::panic::set_hook(Box::new(|info| report(&format!("panic: {info}"))));
     let listeners = Listeners::start(image);
+    let offset = config.opts.region.locate(&dev).map_or(0, |(start, _)| start);
     let ended = serve_session(image, dev, mountpoint, config, status, signals);
-    listeners.tell(&ended);
+    listeners.tell(&ended, offset);
     ended
 }
 
@@ -781,7 +783,10 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         // A read-only mount wrote nothing: the image is as it found it.
         return Ok(());
     }
-    let sb = Filesystem::open(&image, Options::default())?.superblock();
+    // The daemon said where in the image the filesystem lies (-o offset, partition).
+    let offset = ending.split_once(" offset=").and_then(|(_, n)| n.parse().ok()).unwrap_or(0);
+    let region = if offset == 0 { uext4::dev::Region::Whole } else { uext4::dev::Region::Offset(offset) };
+    let sb = Filesystem::open(&image, Options { region, ..Options::default() })?.superblock();
     if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
         return Err(Error::Invalid(format!(
             "{} was left needing journal recovery: the daemon did not write everything back",

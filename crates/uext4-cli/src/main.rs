@@ -26,6 +26,12 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The filesystem starts this many bytes into the image (K, M, G suffixes allowed)
+    #[arg(long, global = true, value_parser = cmd_mkfs::parse_size, conflicts_with = "partition")]
+    offset: Option<u64>,
+    /// The filesystem is partition N (from 1) of the image's MBR or GPT table
+    #[arg(long, global = true)]
+    partition: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -118,6 +124,11 @@ fn helper_convention(args: Vec<OsString>) -> Vec<OsString> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(helper_convention(std::env::args_os().collect()));
+    target::set_region(match (cli.offset, cli.partition) {
+        (Some(offset), _) => uext4::dev::Region::Offset(offset),
+        (None, Some(n)) => uext4::dev::Region::Partition(n),
+        (None, None) => uext4::dev::Region::Whole,
+    });
     let result: show::CliResult<()> = match cli.command {
         Command::Info(a) => cmd_info::run(a),
         Command::Ls(a) => cmd_ls::run_ls(a),

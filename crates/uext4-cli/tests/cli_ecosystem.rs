@@ -107,3 +107,143 @@ fn helper_options_mount_fuse3_passes_are_accepted_and_unknown_ones_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"), "{out:?}");
     assert_e2fsck_clean(&image);
 }
+
+/// Sectors (start, count) of each partition, as sfdisk reads the table.
+fn sfdisk_partitions(disk: &Path) -> Vec<(u64, u64)> {
+    let dump = run(Command::new("sfdisk").arg("-d").arg(disk));
+    dump.lines()
+        .filter(|l| l.contains("start="))
+        .map(|l| {
+            let field = |name: &str| -> u64 {
+                let after = l.split(&format!("{name}=")).nth(1).unwrap();
+                after.split(',').next().unwrap().trim().parse().unwrap()
+            };
+            (field("start"), field("size"))
+        })
+        .collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(bytes))
+}
+
+/// The kernel's view of a partitioned disk: a read-only loop device with
+/// partition scanning, detached on drop.
+struct LoopDisk(String);
+
+impl LoopDisk {
+    fn new(disk: &Path) -> LoopDisk {
+        let dev = run(Command::new("losetup").args(["-f", "-P", "-r", "--show"]).arg(disk)).trim().to_string();
+        let disk = LoopDisk(dev);
+        // The partitions' nodes come a moment after the scan; partx adds any missing.
+        for _ in 0..100 {
+            if Path::new(&disk.part(1)).exists() && Path::new(&disk.part(2)).exists() {
+                return disk;
+            }
+            let _ = Command::new("partx").args(["-a", &disk.0]).output();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the kernel shows no partitions on {}", disk.0);
+    }
+
+    fn part(&self, n: u32) -> String {
+        format!("{}p{n}", self.0)
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).output();
+    }
+}
+
+#[test]
+fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
+    for tool in ["sfdisk", "mkfs.ext4", "e2fsck", "losetup"] {
+        if !have(tool) && skip(&format!("{tool} is not installed")) {
+            return;
+        }
+    }
+    if !is_root() && skip("the kernel's view of the partitions needs root (losetup -P, mount)") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::File::create(&disk).unwrap().set_len(200 << 20).unwrap();
+    let mut sfdisk = Command::new("sfdisk").arg("-q").arg(&disk).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    use std::io::Write;
+    sfdisk.stdin.take().unwrap().write_all(b"label: gpt\n,64M,L\n,100M,L\n").unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    let parts = sfdisk_partitions(&disk);
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    let bytes = |(start, count): (u64, u64)| (start * 512, count * 512);
+    let (p1, p2) = (bytes(parts[0]), bytes(parts[1]));
+    // Each partition made and filled by mkfs.ext4 -d at its offset.
+    for (n, (start, len)) in [(1, p1), (2, p2)] {
+        let tree = dir.path().join(format!("tree{n}"));
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::write(tree.join("sub/file"), format!("partition {n}\n").repeat(1000)).unwrap();
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096", "-E", &format!("offset={start}"), "-d"])
+            .arg(&tree)
+            .arg(&disk)
+            .arg(format!("{}k", len / 1024)));
+    }
+    let before = std::fs::read(&disk).unwrap();
+    let outside = |image: &[u8]| {
+        let (start, len) = p2;
+        (sha256(&image[..start as usize]), sha256(&image[(start + len) as usize..]))
+    };
+    let p1_alone = |image: &[u8]| sha256(&image[p1.0 as usize..(p1.0 + p1.1) as usize]);
+    // uext4 reads both, by number and by offset.
+    for (n, (start, _)) in [(1, p1), (2, p2)] {
+        let want = format!("partition {n}\n").repeat(1000);
+        let by_number =
+            run(uext4().args(["cat", "--partition", &n.to_string()]).arg(format!("{}:/sub/file", disk.display())));
+        assert_eq!(by_number, want);
+        let by_offset =
+            run(uext4().args(["cat", "--offset", &start.to_string()]).arg(format!("{}:/sub/file", disk.display())));
+        assert_eq!(by_offset, want);
+    }
+    // ... and writes to the second: the CLI, then a mount with -o partition=2.
+    let new_file = dir.path().join("new");
+    std::fs::write(&new_file, b"written by uext4\n".repeat(5000)).unwrap();
+    run(uext4().args(["mkdir", "--partition", "2"]).arg(format!("{}:/made", disk.display())));
+    run(uext4().args(["cp", "--partition", "2"]).arg(&new_file).arg(format!("{}:/made/", disk.display())));
+    if fuse_available() {
+        let mount = UextMount::new(&disk, "partition=2");
+        std::fs::write(mount.dir.join("through-mount"), b"mounted\n").unwrap();
+        mount.unmount();
+    }
+    let refused = uext4().args(["ls", "--partition", "3"]).arg(format!("{}:/", disk.display())).output().unwrap();
+    assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("no partition 3"));
+    let after = std::fs::read(&disk).unwrap();
+    assert_eq!(outside(&after), outside(&before), "bytes outside partition 2 changed (table, partition 1, backup GPT)");
+    assert_eq!(p1_alone(&after), p1_alone(&before));
+    assert_ne!(after, before, "nothing was written to partition 2");
+    // The kernel's partition scan and e2fsck see exactly that.
+    assert_eq!(sfdisk_partitions(&disk), parts);
+    let kernel = LoopDisk::new(&disk);
+    for n in [1, 2] {
+        assert_e2fsck_clean(Path::new(&kernel.part(n)));
+    }
+    let mnt = dir.path().join("kmnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("mount").args(["-t", "ext4", "-o", "ro"]).arg(kernel.part(2)).arg(&mnt));
+    let seen = (
+        std::fs::read(mnt.join("made/new")),
+        std::fs::read_to_string(mnt.join("sub/file")),
+        std::fs::read_to_string(mnt.join("through-mount")).ok(),
+    );
+    run(Command::new("umount").arg(&mnt));
+    assert_eq!(seen.0.unwrap(), b"written by uext4\n".repeat(5000));
+    assert_eq!(seen.1.unwrap(), "partition 2\n".repeat(1000));
+    if fuse_available() {
+        assert_eq!(seen.2.as_deref(), Some("mounted\n"));
+    }
+    run(Command::new("mount").args(["-t", "ext4", "-o", "ro"]).arg(kernel.part(1)).arg(&mnt));
+    let first = std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
+    run(Command::new("umount").arg(&mnt));
+    assert!(!first.iter().any(|n| n == "made"), "partition 1 holds what was written to 2: {first:?}");
+}

@@ -84,6 +84,10 @@ pub struct Options {
     /// disks (`dev::io_model`); for benchmarks. The model may outlive the
     /// filesystem (a reopen keeps counting).
     pub io_model: Option<Arc<crate::dev::IoModel>>,
+    /// Where on the device the filesystem lies: all of it, from a byte offset,
+    /// or in partition N of an MBR or GPT table. Nothing outside it is read
+    /// or written.
+    pub region: crate::dev::Region,
 }
 
 impl Default for Options {
@@ -99,6 +103,7 @@ impl Default for Options {
             dir_ireserve: crate::alloc::DirReserve::Off,
             hash_goal: false,
             io_model: None,
+            region: crate::dev::Region::Whole,
         }
     }
 }
@@ -231,6 +236,7 @@ impl Filesystem {
     }
 
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: Options) -> Result<Filesystem> {
+        let dev = crate::dev::BoundedDevice::open(dev, opts.region)?;
         let dev: Arc<dyn BlockDevice> = match &opts.io_model {
             Some(model) => Arc::new(crate::dev::TracedDevice::new(dev, model.clone())),
             None => dev,

@@ -50,6 +50,10 @@ pub struct MkfsOptions {
     pub hash_seed: Option<[u8; 16]>,
     /// Creation time (seconds); now when None.
     pub now: Option<u64>,
+    /// Where on the device to make it (`mkfs` only): a region other than the
+    /// whole device is made in place, leaving the rest (a partition table, other
+    /// partitions) untouched; a `size` of 0 then means the whole region.
+    pub region: crate::dev::Region,
 }
 
 impl Default for MkfsOptions {
@@ -64,6 +68,7 @@ impl Default for MkfsOptions {
             uuid: None,
             hash_seed: None,
             now: None,
+            region: crate::dev::Region::Whole,
         }
     }
 }
@@ -418,6 +423,9 @@ fn indirect_block(
 
 /// Creates (or overwrites) the image at `path` and makes a filesystem on it.
 pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
+    if opts.region != crate::dev::Region::Whole {
+        return mkfs_in_region(path, opts);
+    }
     let meta = std::fs::metadata(path);
     let is_block_device = meta.as_ref().map(|m| {
         use std::os::unix::fs::FileTypeExt;
@@ -439,6 +447,26 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         return Err(Error::Invalid(format!("{} holds only {} bytes", path.display(), dev.size())));
     }
     make(&dev, opts, fresh)
+}
+
+/// A filesystem in a region of an existing image or device, written in place
+/// (nothing truncated, nothing outside the region touched).
+fn mkfs_in_region(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
+    crate::dev::check_unused(path)?;
+    let dev = crate::dev::BoundedDevice::open(std::sync::Arc::new(FileDevice::open(path, true)?), opts.region)?;
+    let mut opts = opts.clone();
+    if opts.size == 0 {
+        opts.size = dev.size();
+    }
+    if dev.size() < opts.size {
+        return Err(Error::Invalid(format!(
+            "the region of {} holds only {} bytes, less than the {} asked for",
+            path.display(),
+            dev.size(),
+            opts.size
+        )));
+    }
+    make(dev.as_ref(), &opts, false)
 }
 
 /// Makes a filesystem on `dev`; `zeroed` says the device reads as zeros already.

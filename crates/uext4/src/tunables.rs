@@ -63,6 +63,8 @@ impl Options {
             "errors" => self.errors = Some(value.parse()?),
             "dir_ireserve" => self.dir_ireserve = crate::alloc::DirReserve::parse(value)?,
             "hash_goal" => self.hash_goal = on_off(key, value)?,
+            "offset" => self.region = crate::dev::Region::Offset(number(key, value)?),
+            "partition" => self.region = crate::dev::Region::Partition(number(key, value)?),
             _ => return not_yet(key, value),
         }
         Ok(())

@@ -10,11 +10,16 @@
 //!
 //! A writable `FileDevice` holds the image's exclusive lock for its whole life
 //! and refuses an image the kernel or another uext4 process holds (`in_use`).
+//!
+//! `partition`: a filesystem at an offset or in a partition of a larger device
+//! (`Region`, `BoundedDevice`), kept inside it.
 
 mod in_use;
 pub mod io_model;
+mod partition;
 pub use in_use::check_unused;
 pub use io_model::{IoClass, IoModel, IoReport, TracedDevice};
+pub use partition::{BoundedDevice, Region};
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
