@@ -24,6 +24,12 @@ pub struct CpArgs {
     /// Copy directories recursively
     #[arg(short = 'r', short_alias = 'R', long = "recursive")]
     recursive: bool,
+    /// Copy-in: the same tree and image give the same bytes (with SOURCE_DATE_EPOCH
+    /// for the times): written home directly, not through the journal, as
+    /// mkfs.ext4 -d writes (a crash mid-copy leaves the image to be made again).
+    /// The copy runs in one thread, in name order, either way
+    #[arg(long)]
+    pub reproducible: bool,
     /// Accepted for cp's sake: modes, owners and times are always kept
     #[arg(short = 'p', long = "preserve")]
     _preserve: bool,
@@ -243,7 +249,13 @@ impl CpArgs {
     /// A recursive copy out of an image, as the demo uses it.
     pub fn new(source: Target, dest: PathBuf, open: OpenArgs) -> CpArgs {
         let src = format!("{}:{}", source.image.display(), String::from_utf8_lossy(&source.path));
-        CpArgs { recursive: true, _preserve: true, paths: vec![src, dest.display().to_string()], open }
+        CpArgs {
+            recursive: true,
+            reproducible: false,
+            _preserve: true,
+            paths: vec![src, dest.display().to_string()],
+            open,
+        }
     }
 }
 
@@ -255,6 +267,9 @@ fn names_image(arg: &str) -> bool {
 pub fn run(a: CpArgs) -> CliResult<()> {
     let last = a.paths.last().expect("clap requires two paths");
     if names_image(last) {
+        if a.reproducible {
+            crate::target::set_bypass_journal();
+        }
         let dest = Target::parse(last).map_err(Failure::refused)?;
         let sources: Vec<PathBuf> = a.paths[..a.paths.len() - 1].iter().map(PathBuf::from).collect();
         return crate::cmd_put::copy_in(&sources, &dest, a.recursive);

@@ -122,7 +122,22 @@ fn helper_convention(args: Vec<OsString>) -> Vec<OsString> {
     out
 }
 
+/// SOURCE_DATE_EPOCH, the reproducible-builds convention: when set, every
+/// time uext4 stamps is that second (see `uext4::clock`).
+fn honour_source_date_epoch() -> std::result::Result<(), String> {
+    let Some(value) = std::env::var_os("SOURCE_DATE_EPOCH") else { return Ok(()) };
+    let text = value.to_string_lossy();
+    let seconds: i64 =
+        text.trim().parse().map_err(|_| format!("SOURCE_DATE_EPOCH={text}: want a number of seconds since 1970"))?;
+    uext4::clock::set_fixed_time(Some(seconds));
+    Ok(())
+}
+
 fn main() -> ExitCode {
+    if let Err(e) = honour_source_date_epoch() {
+        eprintln!("uext4: {e}");
+        return ExitCode::from(1);
+    }
     let cli = Cli::parse_from(helper_convention(std::env::args_os().collect()));
     target::set_region(match (cli.offset, cli.partition) {
         (Some(offset), _) => uext4::dev::Region::Offset(offset),

@@ -155,9 +155,17 @@ pub fn region() -> uext4::dev::Region {
     REGION.get().copied().unwrap_or_default()
 }
 
+/// Writable opens bypass the journal (`cp --reproducible`): set before any open.
+static BYPASS_JOURNAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_bypass_journal() {
+    BYPASS_JOURNAL.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Options for opening an image given on the command line.
 pub fn options(read_only: bool) -> Options {
-    Options { read_only, region: region(), ..Options::default() }
+    let bypass_journal = BYPASS_JOURNAL.load(std::sync::atomic::Ordering::Relaxed);
+    Options { read_only, region: region(), bypass_journal, ..Options::default() }
 }
 
 /// Options shared by the reading subcommands.

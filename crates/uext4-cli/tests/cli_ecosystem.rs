@@ -247,3 +247,119 @@ fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
     run(Command::new("umount").arg(&mnt));
     assert!(!first.iter().any(|n| n == "made"), "partition 1 holds what was written to 2: {first:?}");
 }
+
+const EPOCH: &str = "1700000000";
+const UUID: &str = "0f0e0d0c-0b0a-4908-8706-050403020100";
+const SEED: &str = "11111111-2222-4333-8444-555555555555";
+
+/// A tree with what a root filesystem holds: nested directories, a directory
+/// big enough to be indexed, a file of many blocks, a sparse file, symlinks,
+/// hard links, a fifo; every mtime before EPOCH but one (`fresh`, which the
+/// copy clamps to EPOCH).
+fn reproducible_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("etc/deep/er")).unwrap();
+    std::fs::create_dir_all(root.join("many")).unwrap();
+    for i in 0..600 {
+        std::fs::write(root.join(format!("many/file-{i:04}")), format!("{i}\n").repeat(i % 7)).unwrap();
+    }
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(root.join("etc/big"), &big).unwrap();
+    let sparse = std::fs::File::create(root.join("etc/sparse")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sparse, b"end", 50 << 20).unwrap();
+    std::fs::write(root.join("etc/deep/er/leaf"), b"leaf\n").unwrap();
+    std::os::unix::fs::symlink("../etc/deep/er/leaf", root.join("many/link")).unwrap();
+    std::os::unix::fs::symlink("x".repeat(200), root.join("etc/long-link")).unwrap();
+    std::fs::hard_link(root.join("etc/big"), root.join("many/big-again")).unwrap();
+    run(Command::new("mkfifo").arg(root.join("etc/fifo")));
+    run(Command::new("find").arg(root).args(["-exec", "touch", "-h", "-d", "@1600000000.5", "{}", "+"]));
+    std::fs::write(root.join("fresh"), b"made now\n").unwrap();
+}
+
+fn reproducible_mkfs(image: &Path, tree: &Path) {
+    run(uext4()
+        .env("SOURCE_DATE_EPOCH", EPOCH)
+        .arg("mkfs")
+        .arg(image)
+        .args(["--size", "128M", "-q", "-U", UUID, "-E", &format!("hash_seed={SEED}"), "-d"])
+        .arg(tree));
+}
+
+fn reproducible_cp(image: &Path, tree: &Path) {
+    let env = [("SOURCE_DATE_EPOCH", EPOCH)];
+    run(uext4()
+        .envs(env)
+        .arg("mkfs")
+        .arg(image)
+        .args(["--size", "128M", "-q", "-U", UUID])
+        .arg("-E")
+        .arg(format!("hash_seed={SEED}")));
+    let mut cp = uext4();
+    cp.envs(env).args(["cp", "-r", "--reproducible"]);
+    for e in std::fs::read_dir(tree).unwrap() {
+        cp.arg(e.unwrap().path());
+    }
+    run(cp.arg(format!("{}:/", image.display())));
+}
+
+#[test]
+fn two_reproducible_runs_give_byte_identical_images_the_kernel_walks_as_the_tree() {
+    for tool in ["e2fsck", "dumpe2fs", "mkfifo"] {
+        if !have(tool) && skip(&format!("{tool} is not installed")) {
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    reproducible_tree(&tree);
+    for (how, make) in [("mkfs -d", reproducible_mkfs as fn(&Path, &Path)), ("cp -r --reproducible", reproducible_cp)] {
+        let (one, two) = (dir.path().join("one.img"), dir.path().join("two.img"));
+        make(&one, &tree);
+        // A second later: a wall-clock time anywhere would show.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        make(&two, &tree);
+        let (a, b) = (std::fs::read(&one).unwrap(), std::fs::read(&two).unwrap());
+        let first_difference = a.iter().zip(&b).position(|(x, y)| x != y);
+        assert!(a == b, "{how}: the two images differ (first at byte {first_difference:?})");
+        assert_e2fsck_clean(&one);
+        let header = run(Command::new("dumpe2fs").arg("-h").arg(&one));
+        for want in [format!("Filesystem UUID:          {UUID}"), format!("Directory Hash Seed:      {SEED}")] {
+            assert!(header.contains(&want), "{how}: dumpe2fs -h lacks '{want}':\n{header}");
+        }
+        for field in ["Filesystem created:", "Last write time:"] {
+            let line = header.lines().find(|l| l.starts_with(field)).unwrap();
+            assert!(line.contains("Nov 14 22:13:20 2023"), "{how}: {line} is not SOURCE_DATE_EPOCH");
+        }
+        if !is_root() {
+            skip("the kernel's walk of the image needs root (loop mount)");
+            return;
+        }
+        let kernel = KernelMount::new(&one, "ro");
+        let fresh_line = |l: &String| l.starts_with("fresh ");
+        let mut want = tree_listing(&tree);
+        for line in want.iter_mut().filter(|l| fresh_line(l)) {
+            // The one file newer than SOURCE_DATE_EPOCH comes out clamped to it.
+            let mut fields: Vec<String> = line.split(' ').map(String::from).collect();
+            fields[4] = format!("{EPOCH}.000000000");
+            *line = fields.join(" ");
+        }
+        let mut seen = tree_listing(&kernel.dir);
+        seen.retain(|l| !l.starts_with("lost+found"));
+        want.retain(|l| !l.starts_with("lost+found"));
+        // The root's own line: its mode and owner come from the tree with mkfs -d only.
+        if how != "mkfs -d" {
+            seen.retain(|l| !l.starts_with(" "));
+            want.retain(|l| !l.starts_with(" "));
+        }
+        assert_eq!(seen, want, "{how}: the kernel's walk differs from the tree");
+        // Every ctime (stamped by uext4) and every atime is fixed too.
+        let stamps = run(Command::new("find").arg(&kernel.dir).args(["-printf", "%C@ %A@ %T@ %p\n"]));
+        for line in stamps.lines().filter(|l| !l.contains("lost+found")) {
+            let fields: Vec<&str> = line.split(' ').collect();
+            assert!(fields[0].starts_with(EPOCH), "{how}: ctime is not SOURCE_DATE_EPOCH: {line}");
+            assert_eq!(fields[1], fields[2], "{how}: atime is not the (clamped) mtime: {line}");
+        }
+        drop(kernel);
+        std::fs::remove_file(&one).unwrap();
+        std::fs::remove_file(&two).unwrap();
+    }
+}

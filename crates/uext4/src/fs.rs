@@ -88,6 +88,11 @@ pub struct Options {
     /// or in partition N of an MBR or GPT table. Nothing outside it is read
     /// or written.
     pub region: crate::dev::Region,
+    /// A writable open of an image with a journal writes home directly and
+    /// leaves the journal empty, as mkfs.ext4 -d and libext2fs do: no crash
+    /// safety, but no log writes and nothing in the image that depends on when
+    /// commits happened (reproducible images, image building).
+    pub bypass_journal: bool,
 }
 
 impl Default for Options {
@@ -104,6 +109,7 @@ impl Default for Options {
             hash_goal: false,
             io_model: None,
             region: crate::dev::Region::Whole,
+            bypass_journal: false,
         }
     }
 }
@@ -387,7 +393,12 @@ impl Filesystem {
         let orphans = self.pending_orphans()?;
         let interval = std::time::Duration::from_secs(opts.commit_interval_secs.max(1));
         let vol = &self.vol;
-        if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+        if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) && opts.bypass_journal {
+            // The journal's blocks stay metadata (never allocated, classified);
+            // the log itself is left as the open found it: empty.
+            vol.register_journal_blocks(&self.journal_block_map()?);
+            vol.set_writeback(vol.cache.start_writeback(interval)?);
+        } else if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
             let map = self.journal_block_map()?;
             vol.register_journal_blocks(&map);
             let view = Arc::new(JournalView {

@@ -26,10 +26,11 @@ pub(crate) const NAME_SPACE_BLOCKS: u64 = 16;
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
-/// The time the library stamps changes with (the precise wall clock).
+/// The time the library stamps changes with (the precise wall clock, or the
+/// time `clock::set_fixed_time` fixed).
 pub fn now() -> Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    let (sec, nsec) = crate::clock::precise();
+    Timestamp { sec, nsec }
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
