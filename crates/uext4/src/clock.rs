@@ -21,6 +21,12 @@ const NOT_FIXED: i64 = i64::MIN;
 
 /// Makes every time the library stamps from now on `seconds` (None: the wall
 /// clock again). Process-wide: every open filesystem sees it.
+///
+/// ```
+/// uext4::clock::set_fixed_time(Some(1_700_000_000));
+/// assert_eq!(uext4::clock::precise(), (1_700_000_000, 0));
+/// uext4::clock::set_fixed_time(None);
+/// ```
 pub fn set_fixed_time(seconds: Option<i64>) {
     FIXED.store(seconds.filter(|&s| s != NOT_FIXED).unwrap_or(NOT_FIXED), Ordering::Relaxed);
 }

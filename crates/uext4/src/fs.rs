@@ -54,8 +54,17 @@ pub use crate::volume::{group_has_superblock, Errors, Geometry};
 
 pub(crate) const INODE_CACHE_SHARDS: usize = 16;
 
+/// How to open a filesystem. `Default` opens read-only with a 256 MiB cache and
+/// the kernel's defaults; set `read_only: false` to change it.
+///
+/// ```
+/// let opts = uext4::Options { read_only: false, cache_mb: 64, ..uext4::Options::default() };
+/// assert!(!opts.read_only);
+/// ```
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// Open without writing anything (the default); a journal that needs recovery
+    /// is replayed in memory only.
     pub read_only: bool,
     /// Skip checksum verification (for reading damaged images).
     pub ignore_checksums: bool,
@@ -83,6 +92,7 @@ pub struct Options {
     /// Sees every device request, sorted by what it holds and priced on model
     /// disks (`dev::io_model`); for benchmarks. The model may outlive the
     /// filesystem (a reopen keeps counting).
+    #[doc(hidden)]
     pub io_model: Option<Arc<crate::dev::IoModel>>,
     /// Where on the device the filesystem lies: all of it, from a byte offset,
     /// or in partition N of an MBR or GPT table. Nothing outside it is read
@@ -114,6 +124,9 @@ impl Default for Options {
     }
 }
 
+/// An opened ext4 filesystem: every operation takes `&self`, from any thread
+/// (see the crate's examples). Dropping it writes everything back (as
+/// [`Filesystem::sync`]) and lets go of the image.
 pub struct Filesystem {
     /// The device, cache, geometry, superblock, descriptors, journal and error state.
     pub(crate) vol: Arc<Volume>,
@@ -236,11 +249,23 @@ impl Filesystem {
     /// exclusive lock until the filesystem is dropped, and is refused
     /// (`Error::Busy`) while the kernel or another uext4 process holds the image;
     /// a read-only open is not, and `in_use` says who else held it.
+    ///
+    /// # Errors
+    /// `Busy` when a writable open finds the image held (another uext4 process, the kernel); `Io` when
+    /// it cannot be opened or read; `Corrupt` for a damaged superblock, descriptors or journal;
+    /// `Unsupported` for features this build does not handle (named); `Invalid` when `Options::region`
+    /// names no part of the image; `ReadOnly` when a writable open is refused (an image the kernel
+    /// would only mount read-only).
     pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Filesystem> {
         let dev = FileDevice::open(path.as_ref(), !opts.read_only)?;
         Self::open_device(Arc::new(dev), opts)
     }
 
+    /// Opens the filesystem on any [`BlockDevice`]: a memory image, a partition, a
+    /// device with fault injection.
+    ///
+    /// # Errors
+    /// As [`Filesystem::open`], less the image lock (the caller owns `dev`).
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: Options) -> Result<Filesystem> {
         let dev = crate::dev::BoundedDevice::open(dev, opts.region)?;
         let dev: Arc<dyn BlockDevice> = match &opts.io_model {
@@ -453,25 +478,30 @@ impl Filesystem {
         Ok(())
     }
 
+    #[doc(hidden)]
     /// Where group `group`'s descriptor lives: (block, byte offset in it).
     pub fn group_desc_location(sb: &Superblock, group: u32) -> (u64, usize) {
         crate::volume::group_desc_location(sb, group)
     }
 
+    #[doc(hidden)]
     pub fn geometry(&self) -> &Geometry {
         &self.vol.geo
     }
 
+    #[doc(hidden)]
     /// The storage under the filesystem (device, cache, superblock, descriptors,
     /// journal): what the lower layers are built on.
     pub fn volume(&self) -> &Arc<Volume> {
         &self.vol
     }
 
+    #[doc(hidden)]
     pub fn superblock(&self) -> Superblock {
         self.vol.sb.read().clone()
     }
 
+    #[doc(hidden)]
     pub fn group_desc(&self, group: u32) -> Option<GroupDesc> {
         self.vol.groups.get(group as usize).map(|g| g.read().clone())
     }
@@ -491,6 +521,7 @@ impl Filesystem {
         self.vol.errors.has_failed()
     }
 
+    #[doc(hidden)]
     /// Something outside the library (a frontend's bug, a panic between requests)
     /// has left the filesystem's state in doubt: abort the journal, so nothing
     /// not yet committed becomes durable, and enter the error state, as the
@@ -499,6 +530,7 @@ impl Filesystem {
         self.vol.fail_operation(why);
     }
 
+    #[doc(hidden)]
     /// Starts a handle for a change touching up to `credits` metadata blocks (see
     /// journal/handle.rs). Outside any handle, when space is short and blocks freed
     /// by uncommitted transactions would relieve it, their commit lands first.
@@ -523,11 +555,13 @@ impl Filesystem {
         self.alloc.free_inodes()
     }
 
+    #[doc(hidden)]
     /// The inode windows directories hold now (`dir_ireserve`), by directory.
     pub fn inode_windows(&self) -> Vec<(u32, crate::alloc::Window)> {
         self.alloc.policy().windows()
     }
 
+    #[doc(hidden)]
     /// The hash span of directory `dir` (`hash_goal`), if one is in memory.
     pub fn hash_span(&self, dir: u32) -> Option<crate::alloc::hash_goal::Span> {
         self.alloc.policy().hash_span(dir)
@@ -540,6 +574,7 @@ impl Filesystem {
         crate::alloc::acting_as(who)
     }
 
+    #[doc(hidden)]
     /// Whether `who` may take the reserved blocks.
     pub fn may_use_reserved(&self, who: Owner) -> bool {
         self.alloc.may_use_reserved(who)
@@ -579,16 +614,19 @@ impl Filesystem {
         self.vol.read_only_reason()
     }
 
+    #[doc(hidden)]
     /// Damage found at open that a read-only open goes on with, if any.
     pub fn damage_at_open(&self) -> Option<&str> {
         self.vol.damage_at_open()
     }
 
+    #[doc(hidden)]
     /// How many blocks the journal replay (in memory) supplied at open; 0 if none.
     pub fn replayed_journal_blocks(&self) -> usize {
         self.replayed_journal_blocks
     }
 
+    #[doc(hidden)]
     pub fn cache(&self) -> &BufferCache {
         &self.vol.cache
     }
@@ -652,6 +690,10 @@ impl Filesystem {
 
     /// Writes the superblock's counters and every change home (through the journal
     /// when there is one, leaving it empty), then flushes the device.
+    ///
+    /// # Errors
+    /// `Io` (EIO) once the filesystem has failed (a journal abort, an error recorded), or when the
+    /// device fails.
     pub fn sync(&self) -> Result<()> {
         if self.vol.opened_read_only() {
             return Ok(());

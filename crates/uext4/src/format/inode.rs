@@ -43,7 +43,9 @@ const I_CHECKSUM_HI: usize = 0x82;
 /// applied) and nanoseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Timestamp {
+    /// Seconds since 1970 (negative before).
     pub sec: i64,
+    /// Nanoseconds (0 with 128-byte inodes, which hold seconds only).
     pub nsec: u32,
 }
 
