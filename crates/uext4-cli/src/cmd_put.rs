@@ -28,6 +28,8 @@ struct Importer<'a> {
     files: u64,
     bytes: u64,
     progress: Option<Instant>,
+    /// The copy buffer, reused from file to file.
+    buf: Vec<u8>,
 }
 
 fn host_error(path: &Path, e: std::io::Error) -> Error {
@@ -90,6 +92,7 @@ pub fn populate(fs: &Filesystem, src: &Path) -> Result<()> {
         files: 0,
         bytes: 0,
         progress: std::io::stderr().is_terminal().then(Instant::now),
+        buf: Vec::new(),
     };
     let mut entries: Vec<_> = std::fs::read_dir(src)
         .map_err(|e| host_error(src, e))?
@@ -209,12 +212,27 @@ impl Importer<'_> {
 
     fn copy_data(&mut self, src: &Path, ino: u32, len: u64) -> Result<()> {
         let f = std::fs::File::open(src).map_err(|e| host_error(src, e))?;
-        let mut buf = vec![0u8; 1 << 20];
+        // One buffer for the whole copy: a fresh zeroed MiB per file cost more
+        // than copying a small file does.
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(1 << 20, 0);
+        let copied = self.copy_runs(src, &f, ino, len, &mut buf);
+        self.buf = buf;
+        copied?;
+        // Trailing zeros stay a hole: only the size moves.
+        if self.fs.stat(ino)?.size < len {
+            self.fs.setattr(ino, &SetAttr { size: Some(len), ..Default::default() })?;
+        }
+        Ok(())
+    }
+
+    /// Copies the data runs of `f` (holes skipped) through `buf`.
+    fn copy_runs(&mut self, src: &Path, f: &std::fs::File, ino: u32, len: u64, buf: &mut [u8]) -> Result<()> {
         let mut off = 0u64;
         while off < len {
             // The host's holes are skipped whole (a sparse file of terabytes is
             // not read as zeros); a host without SEEK_DATA reads everything.
-            let Some((data, hole)) = next_data(&f, off, len).map_err(|e| host_error(src, e))? else { break };
+            let Some((data, hole)) = next_data(f, off, len).map_err(|e| host_error(src, e))? else { break };
             off = data;
             while off < hole {
                 let want = ((hole - off) as usize).min(buf.len());
@@ -229,10 +247,6 @@ impl Importer<'_> {
             if off < hole {
                 break;
             }
-        }
-        // Trailing zeros stay a hole: only the size moves.
-        if self.fs.stat(ino)?.size < len {
-            self.fs.setattr(ino, &SetAttr { size: Some(len), ..Default::default() })?;
         }
         Ok(())
     }
@@ -361,6 +375,7 @@ fn copy_in_pass(
         files: 0,
         bytes: 0,
         progress: std::io::stderr().is_terminal().then(Instant::now),
+        buf: Vec::new(),
     };
     for src in sources {
         let name = match &name {
