@@ -512,6 +512,8 @@ impl Filesystem {
         self.vol.errors.behaviour()
     }
 
+    /// Whether changes are refused: a read-only open, one forced read-only (see
+    /// `read_only_reason`), or an error that made the filesystem read-only.
     pub fn is_read_only(&self) -> bool {
         self.vol.is_read_only()
     }
@@ -547,10 +549,12 @@ impl Filesystem {
         self.vol.begin(credits)
     }
 
+    /// Free blocks now (the reserved ones included).
     pub fn free_blocks(&self) -> u64 {
         self.alloc.free_blocks()
     }
 
+    /// Free inodes now.
     pub fn free_inodes(&self) -> u64 {
         self.alloc.free_inodes()
     }
@@ -610,6 +614,8 @@ impl Filesystem {
         self.vol.cache.device().in_use()
     }
 
+    /// Why a writable open was made read-only (an unknown ro_compat feature, a
+    /// descriptor checksum...); empty when it was not.
     pub fn read_only_reason(&self) -> &str {
         self.vol.read_only_reason()
     }

@@ -88,6 +88,7 @@ fn not_yet(key: &str, value: &str) -> Result<()> {
 }
 
 impl Filesystem {
+    /// The current zero-out length in blocks (see `Options::extent_zeroout_len`).
     pub fn extent_zeroout_len(&self) -> u32 {
         self.extent_zeroout_len.load(Ordering::Relaxed)
     }

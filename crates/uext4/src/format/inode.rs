@@ -76,6 +76,8 @@ impl Timestamp {
         Timestamp { sec, nsec }
     }
 
+    /// The on-disk pair: the low 32 bits of the seconds, and the `_extra` word
+    /// (nanoseconds above two epoch bits).
     pub fn encode(self) -> (u32, u32) {
         let epoch = ((self.sec - (self.sec as i32 as i64)) >> 32) as u32 & 3;
         (self.sec as u32, (self.nsec << 2) | epoch)

@@ -33,6 +33,7 @@ pub enum FileType {
 }
 
 impl FileType {
+    /// The type of an inode's i_mode; None for a type ext4 does not know.
     pub fn from_mode(mode: u16) -> Option<FileType> {
         Some(match mode & S_IFMT {
             S_IFREG => FileType::Regular,
@@ -97,6 +98,7 @@ pub struct Stat {
 }
 
 impl Stat {
+    /// st_mode: the type bits and the permission bits.
     pub fn mode(&self) -> u32 {
         let t = match self.file_type {
             FileType::Regular => S_IFREG,
