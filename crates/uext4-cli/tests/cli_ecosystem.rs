@@ -110,6 +110,11 @@ fn helper_options_mount_fuse3_passes_are_accepted_and_unknown_ones_refused() {
 
 /// Sectors (start, count) of each partition, as sfdisk reads the table.
 fn sfdisk_partitions(disk: &Path) -> Vec<(u64, u64)> {
+    sfdisk_numbered(disk).into_iter().map(|(_, start, size)| (start, size)).collect()
+}
+
+/// Each partition's number (from its device name), first sector and sectors.
+fn sfdisk_numbered(disk: &Path) -> Vec<(u32, u64, u64)> {
     let dump = run(Command::new("sfdisk").arg("-d").arg(disk));
     dump.lines()
         .filter(|l| l.contains("start="))
@@ -118,7 +123,9 @@ fn sfdisk_partitions(disk: &Path) -> Vec<(u64, u64)> {
                 let after = l.split(&format!("{name}=")).nth(1).unwrap();
                 after.split(',').next().unwrap().trim().parse().unwrap()
             };
-            (field("start"), field("size"))
+            let device = l.split(':').next().unwrap().trim();
+            let digits = device.len() - device.chars().rev().take_while(char::is_ascii_digit).count();
+            (device[digits..].parse().unwrap(), field("start"), field("size"))
         })
         .collect()
 }
@@ -134,11 +141,15 @@ struct LoopDisk(String);
 
 impl LoopDisk {
     fn new(disk: &Path) -> LoopDisk {
+        LoopDisk::with_partitions(disk, &[1, 2])
+    }
+
+    fn with_partitions(disk: &Path, wanted: &[u32]) -> LoopDisk {
         let dev = run(Command::new("losetup").args(["-f", "-P", "-r", "--show"]).arg(disk)).trim().to_string();
         let disk = LoopDisk(dev);
         // The partitions' nodes come a moment after the scan; partx adds any missing.
         for _ in 0..100 {
-            if Path::new(&disk.part(1)).exists() && Path::new(&disk.part(2)).exists() {
+            if wanted.iter().all(|&n| Path::new(&disk.part(n)).exists()) {
                 return disk;
             }
             let _ = Command::new("partx").args(["-a", &disk.0]).output();
@@ -362,4 +373,67 @@ fn two_reproducible_runs_give_byte_identical_images_the_kernel_walks_as_the_tree
         std::fs::remove_file(&one).unwrap();
         std::fs::remove_file(&two).unwrap();
     }
+}
+
+#[test]
+fn an_mbr_disk_with_logical_partitions_read_and_written_by_number() {
+    for tool in ["sfdisk", "mkfs.ext4", "e2fsck", "losetup"] {
+        if !have(tool) && skip(&format!("{tool} is not installed")) {
+            return;
+        }
+    }
+    if !is_root() && skip("the kernel's view of the partitions needs root (losetup -P, mount)") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::File::create(&disk).unwrap().set_len(100 << 20).unwrap();
+    let mut sfdisk = Command::new("sfdisk").arg("-q").arg(&disk).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    use std::io::Write;
+    // Two primaries, the extended partition (3) and two logical ones (5, 6) in it.
+    sfdisk.stdin.take().unwrap().write_all(b"label: dos\n,20M,L\n,20M,L\n,,E\n,15M,L\n,15M,L\n").unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    let parts = sfdisk_numbered(&disk);
+    let bytes_of = |n: u32| {
+        let &(_, start, size) =
+            parts.iter().find(|p| p.0 == n).unwrap_or_else(|| panic!("no partition {n}: {parts:?}"));
+        (start * 512, size * 512)
+    };
+    for n in [1, 5, 6] {
+        let (start, len) = bytes_of(n);
+        let tree = dir.path().join(format!("tree{n}"));
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::write(tree.join("which"), format!("partition {n}\n")).unwrap();
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-E", &format!("offset={start}"), "-d"])
+            .arg(&tree)
+            .arg(&disk)
+            .arg(format!("{}k", len / 1024)));
+    }
+    let image = |path: &str| format!("{}:{path}", disk.display());
+    for n in [1, 5, 6] {
+        let said = run(uext4().args(["cat", "--partition", &n.to_string()]).arg(image("/which")));
+        assert_eq!(said, format!("partition {n}\n"));
+    }
+    let refused = uext4().args(["ls", "--partition", "3"]).arg(image("/")).output().unwrap();
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("extended partition"), "{refused:?}");
+    let before = std::fs::read(&disk).unwrap();
+    let payload = dir.path().join("payload");
+    std::fs::write(&payload, b"into the sixth\n".repeat(3000)).unwrap();
+    run(uext4().args(["cp", "--partition", "6"]).arg(&payload).arg(image("/")));
+    let after = std::fs::read(&disk).unwrap();
+    let (start, len) = bytes_of(6);
+    let (start, end) = (start as usize, (start + len) as usize);
+    assert!(before[..start] == after[..start] && before[end..] == after[end..], "bytes outside partition 6 changed");
+    assert_ne!(before[start..end], after[start..end]);
+    let kernel = LoopDisk::with_partitions(&disk, &[1, 5, 6]);
+    for n in [1, 5, 6] {
+        assert_e2fsck_clean(Path::new(&kernel.part(n)));
+    }
+    let mnt = dir.path().join("kmnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("mount").args(["-t", "ext4", "-o", "ro"]).arg(kernel.part(6)).arg(&mnt));
+    let seen = std::fs::read(mnt.join("payload"));
+    run(Command::new("umount").arg(&mnt));
+    assert_eq!(seen.unwrap(), b"into the sixth\n".repeat(3000));
 }
