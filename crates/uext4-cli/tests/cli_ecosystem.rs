@@ -100,6 +100,14 @@ fn helper_options_mount_fuse3_passes_are_accepted_and_unknown_ones_refused() {
         .args(["-o", "rw,noauto,user,nofail,_netdev,x-systemd.automount,noexec,nosuid,nodev"]));
     std::fs::write(mnt.join("f"), b"x").unwrap();
     run(uext4().arg("umount").arg(&mnt));
+    // As mount(8) runs a mount.fuse.uext4 link: its helper flags are taken and ignored.
+    let link = dir.path().join("mount.fuse.uext4");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_uext4"), &link).unwrap();
+    run(Command::new(&link).arg(&image).arg(&mnt).args(["-o", "rw,nofail", "-t", "fuse.uext4", "-n", "-v"]));
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"x");
+    std::fs::write(mnt.join("g"), b"y").unwrap();
+    run(uext4().arg("umount").arg(&mnt));
+    assert_eq!(run(uext4().arg("cat").arg(format!("{}:/g", image.display()))), "y");
     let out = uext4().arg(&image).arg(&mnt).args(["-o", "frobnicate"]).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("frobnicate"), "{out:?}");
     // A typo of a subcommand is still clap's error, not a mount.
