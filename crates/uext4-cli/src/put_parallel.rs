@@ -39,7 +39,8 @@ struct Node {
 pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: usize) -> Result<(u64, u64)> {
     // SAFETY: geteuid and getegid have no preconditions.
     let caller = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
-    let mut serial = Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None };
+    let mut serial =
+        Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None, buf: Vec::new() };
 
     // 1. Directories, parents first; the other names collected as work.
     let mut dirs: Vec<(PathBuf, std::fs::Metadata, u32)> = Vec::new();
@@ -81,8 +82,15 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
         for _ in 0..jobs.max(1) {
             s.spawn(|| {
                 let _caller = fs.acting_as(caller);
-                let mut im =
-                    Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None };
+                let mut im = Importer {
+                    fs,
+                    recursive: true,
+                    links: HashMap::new(),
+                    files: 0,
+                    bytes: 0,
+                    progress: None,
+                    buf: Vec::new(),
+                };
                 while !failed.load(Ordering::Relaxed) {
                     let Some(names) = work.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
                     for n in names {

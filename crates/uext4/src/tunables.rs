@@ -17,7 +17,9 @@ use std::sync::atomic::Ordering;
 /// One tunable as `tune` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tunable {
+    /// Its option name.
     pub name: &'static str,
+    /// Its value now.
     pub value: String,
     /// Changeable while open.
     pub runtime: bool,
@@ -49,6 +51,10 @@ impl Options {
     /// Applies `key=value` (a mount option) to these open options. The zero-out
     /// alias in KiB assumes 4 KiB blocks here; on a mounted filesystem
     /// `Filesystem::set_tunable` converts with the real block size.
+    ///
+    /// # Errors
+    /// `Invalid` for an unknown key or a bad value; `Unsupported` for a mechanism not built (only its
+    /// `off` value is taken).
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
             "cache_mb" => self.cache_mb = number(key, value)?,
@@ -65,6 +71,8 @@ impl Options {
             "dir_ireserve" => self.dir_ireserve = crate::alloc::DirReserve::parse(value)?,
             "hash_goal" => self.hash_goal = on_off(key, value)?,
             "pdirops" => self.pdirops = on_off(key, value)?,
+            "offset" => self.region = crate::dev::Region::Offset(number(key, value)?),
+            "partition" => self.region = crate::dev::Region::Partition(number(key, value)?),
             _ => return not_yet(key, value),
         }
         Ok(())
@@ -82,6 +90,7 @@ fn not_yet(key: &str, value: &str) -> Result<()> {
 }
 
 impl Filesystem {
+    /// The current zero-out length in blocks (see `Options::extent_zeroout_len`).
     pub fn extent_zeroout_len(&self) -> u32 {
         self.extent_zeroout_len.load(Ordering::Relaxed)
     }
@@ -102,6 +111,9 @@ impl Filesystem {
     }
 
     /// Changes a runtime tunable now; the next operation sees the new value.
+    ///
+    /// # Errors
+    /// `Invalid` for an unknown tunable, a bad value, or one set only when opening.
     pub fn set_tunable(&self, key: &str, value: &str) -> Result<()> {
         match key {
             "extent_zeroout_len" | "extent_max_zeroout_kb" => {

@@ -33,6 +33,11 @@ impl Filesystem {
     /// and grows the size to cover it; with KEEP_SIZE the size stays. PUNCH_HOLE
     /// (with KEEP_SIZE, as Linux requires) frees the range; ZERO_RANGE makes it
     /// read as zeros, keeping it allocated.
+    ///
+    /// # Errors
+    /// `Invalid` for unknown or unsupported mode combinations; `Unsupported` (EOPNOTSUPP) for
+    /// preallocation on block-mapped files; `NoSpace` part-way (what was allocated stays);
+    /// `FileTooLarge`; `NoDevice`/`NotSeekable` for devices and fifos; `ReadOnly`; `Corrupt`.
     pub fn fallocate(&self, ino: u32, offset: u64, len: u64, mode: u32) -> Result<()> {
         let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
@@ -213,6 +218,9 @@ impl Filesystem {
 
     /// lseek(2)'s SEEK_DATA (`data`) or SEEK_HOLE from `offset`: the offset found,
     /// or None (ENXIO) when `offset` is at or past the end, or no data follows it.
+    ///
+    /// # Errors
+    /// `NotFound` for an inode not in use; `Corrupt` for a damaged mapping.
     pub fn seek_data_or_hole(&self, ino: u32, offset: u64, data: bool) -> Result<Option<u64>> {
         let inode = self.inode(ino)?;
         if offset >= inode.i_size {
@@ -250,6 +258,7 @@ impl Filesystem {
         by_extents.min(by_i_blocks)
     }
 
+    #[doc(hidden)]
     /// The largest size of a block-mapped (ext2/3-style) file, the kernel's
     /// s_bitmap_maxbytes: what 12 direct, one indirect, one double and one triple
     /// indirect pointer reach, less what i_blocks (48-bit with huge_file, else

@@ -29,10 +29,11 @@ pub(crate) const NAME_SPACE_BLOCKS: u64 = 16;
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
-/// The time the library stamps changes with (the precise wall clock).
+/// The time the library stamps changes with (the precise wall clock, or the
+/// time `clock::set_fixed_time` fixed).
 pub fn now() -> Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    let (sec, nsec) = crate::clock::precise();
+    Timestamp { sec, nsec }
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
@@ -54,6 +55,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 }
 
 impl Filesystem {
+    #[doc(hidden)]
     /// A time as this filesystem stores it, as the kernel's timestamp_truncate
     /// gives it: inodes big enough for the `_extra` words (the kernel asks the
     /// inode size, not each inode's i_extra_isize) range to 2446 in nanoseconds,
@@ -208,6 +210,11 @@ impl Filesystem {
     }
 
     /// Creates an empty regular file.
+    ///
+    /// # Errors
+    /// `Exists` when `name` is taken; `NotFound` when `parent` is gone; `NotADirectory` when `parent`
+    /// is not a directory; `NameTooLong` past 255 bytes; `NoSpace` when no inode or block is left;
+    /// `ReadOnly` on a read-only or failed filesystem; `Corrupt` when what it reads is damaged.
     pub fn create(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
         self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, 0, &|_, _, _, i| {
             i.i_links_count = 1;
@@ -216,6 +223,9 @@ impl Filesystem {
     }
 
     /// Creates a fifo, socket or device node; `rdev` is (major, minor).
+    ///
+    /// # Errors
+    /// As [`Filesystem::create`].
     pub fn mknod(&self, parent: u32, name: &[u8], mode: u16, rdev: (u32, u32), owner: Owner) -> Result<Stat> {
         let kind = mode & S_IFMT;
         // The kernel's may_mknod: a directory is EPERM, a regular file is made.
@@ -244,6 +254,10 @@ impl Filesystem {
         })
     }
 
+    /// Creates a directory holding `.` and `..`.
+    ///
+    /// # Errors
+    /// As [`Filesystem::create`]; `TooManyLinks` when `parent` is at ext4's link limit.
     pub fn mkdir(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
         self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, 1, &|fs, tx, ino, i| {
             i.i_links_count = 2;
@@ -269,6 +283,9 @@ impl Filesystem {
     }
 
     /// A symlink: the target in i_block when shorter than 60 bytes, else in a block.
+    ///
+    /// # Errors
+    /// As [`Filesystem::create`].
     pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], owner: Owner) -> Result<Stat> {
         if target.is_empty() {
             return Err(Error::NotFound("an empty symlink target".into()));
@@ -296,6 +313,11 @@ impl Filesystem {
     }
 
     /// A new name for an existing non-directory inode.
+    ///
+    /// # Errors
+    /// `Exists` when `name` is taken; `NotPermitted` for a directory; `TooManyLinks` at ext4's link
+    /// limit; `NotFound`, `NotADirectory`, `NameTooLong`, `NoSpace`, `ReadOnly`, `Corrupt` as for
+    /// [`Filesystem::create`].
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Stat> {
         check_name(name)?;
         let names = self.lock_names(&[(parent, name)])?;
@@ -329,11 +351,19 @@ impl Filesystem {
     }
 
     /// Removes a name of a non-directory; the inode is freed with its last link.
+    ///
+    /// # Errors
+    /// `NotFound` when there is no such name; `IsADirectory` for a directory (use
+    /// [`Filesystem::rmdir`]); `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<()> {
         self.remove_name(parent, name, false)
     }
 
     /// Removes an empty directory.
+    ///
+    /// # Errors
+    /// `NotFound` when there is no such name; `NotADirectory` for a non-directory; `NotEmpty` when it
+    /// holds entries; `Busy` for `.` or `..`; `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<()> {
         self.remove_name(parent, name, true)
     }
@@ -472,6 +502,11 @@ pub struct SetAttr {
 impl Filesystem {
     /// Changes mode, owner, size or times. Shrinking frees the blocks past the new
     /// end; growing only moves i_size (the new range reads as a hole).
+    ///
+    /// # Errors
+    /// `NotFound` for an inode not in use; `FileTooLarge` for a size past ext4's largest file;
+    /// `NoSpace` when shrinking needs an extent-tree block none is left for; `ReadOnly`, `Corrupt` as
+    /// for [`Filesystem::create`].
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
         let _lock = self.inode_locks.write(ino as u64);
         if let Some(size) = attr.size {

@@ -50,6 +50,14 @@ impl Filesystem {
         Err(Error::corrupt("'..' chain does not reach the root", format!("inode {dir}")))
     }
 
+    /// Renames `src_name` in `src_dir` to `dst_name` in `dst_dir`, replacing what is there as rename(2)
+    /// does; `flags` are renameat2's (`RENAME_NOREPLACE` 1, `RENAME_EXCHANGE` 2).
+    ///
+    /// # Errors
+    /// `NotFound` when the source is missing; `Exists` (NOREPLACE) or `NotEmpty` (a non-empty
+    /// directory) at the destination; `IsADirectory`/`NotADirectory` when the two kinds differ;
+    /// `Invalid` when a directory would move into itself or for unknown flags; `Busy` for `.` or `..`;
+    /// `NameTooLong`, `NoSpace`, `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn rename(&self, src_dir: u32, src_name: &[u8], dst_dir: u32, dst_name: &[u8], flags: u32) -> Result<()> {
         // As the kernel's do_renameat2: '.' or '..' on either side is EBUSY (EEXIST
         // as a destination under NOREPLACE).
