@@ -237,6 +237,10 @@ fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
     }
     let refused = uext4().args(["ls", "--partition", "3"]).arg(format!("{}:/", disk.display())).output().unwrap();
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("no partition 3"));
+    // Without a partition named, the whole disk is no filesystem: say where to look.
+    let whole = uext4().arg("ls").arg(format!("{}:/", disk.display())).output().unwrap();
+    let said = String::from_utf8_lossy(&whole.stderr);
+    assert!(!whole.status.success() && said.contains("partition table") && said.contains("--partition N"), "{said}");
     let after = std::fs::read(&disk).unwrap();
     assert_eq!(outside(&after), outside(&before), "bytes outside partition 2 changed (table, partition 1, backup GPT)");
     assert_eq!(p1_alone(&after), p1_alone(&before));

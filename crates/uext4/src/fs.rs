@@ -297,7 +297,22 @@ impl Filesystem {
             ));
         }
         dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
-        let sb = Superblock::parse(&raw, !opts.ignore_checksums)?;
+        let sb = Superblock::parse(&raw, !opts.ignore_checksums).map_err(|e| match e {
+            // A whole-disk image (a VM disk) has its filesystems in partitions.
+            Error::Corrupt { what, location }
+                if opts.region == crate::dev::Region::Whole
+                    && crate::dev::starts_with_partition_table(dev.as_ref()) =>
+            {
+                Error::Corrupt {
+                    what: format!(
+                        "{what}; the device starts with a partition table: open one of its partitions \
+                         (Options::region; the CLI's --partition N)"
+                    ),
+                    location,
+                }
+            }
+            e => e,
+        })?;
 
         let unknown_incompat = sb.s_feature_incompat & !INCOMPAT_SUPPORTED;
         if unknown_incompat != 0 {

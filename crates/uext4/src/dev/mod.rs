@@ -19,7 +19,7 @@ pub mod io_model;
 mod partition;
 pub use in_use::check_unused;
 pub use io_model::{IoClass, IoModel, IoReport, TracedDevice};
-pub use partition::{BoundedDevice, Region};
+pub use partition::{starts_with_partition_table, BoundedDevice, Region};
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;

@@ -160,6 +160,13 @@ fn find_partition(dev: &dyn BlockDevice, n: u32) -> Result<(u64, u64)> {
     }
 }
 
+/// Whether `dev` starts with an MBR (or a GPT's protective MBR): sector 0
+/// ends in the 55 AA signature. A bare ext4 image has zeros there (its first
+/// 1,024 bytes are unused), so this tells a whole disk from a filesystem.
+pub fn starts_with_partition_table(dev: &dyn BlockDevice) -> bool {
+    dev.size() >= SECTOR && read(dev, 0, SECTOR as usize).is_ok_and(|mbr| mbr.get(510..512) == Some(&MBR_SIGNATURE[..]))
+}
+
 /// Primary partitions 1-4 from the MBR; 5 onward along the extended
 /// partition's chain of EBRs, each holding one logical partition and a link.
 fn mbr_partition(dev: &dyn BlockDevice, mbr: &[u8], n: u32) -> Result<(u64, u64)> {
