@@ -5,9 +5,12 @@
 //! it (up to 32,768 blocks), else goes in sorted. A full node splits (in half, or
 //! for an append at the right edge by moving only the new entry) and the new node
 //! is indexed in the parent; a full root moves its entries into a new node and
-//! indexes it, adding a level (up to the kernel's limit of 5). Truncation, punching
-//! and unwritten-state changes collect the extents that remain and rebuild the tree
-//! from them, reusing the old tree's blocks.
+//! indexes it, adding a level (up to the kernel's limit of 5). A node's entries
+//! can also be spliced in place (`splice_items`: the conversion of unwritten
+//! blocks, `zeroout.rs`, replaces an extent and its neighbours by up to two more
+//! entries), splitting the node only when it overflows. Truncation, punching and
+//! zero range still collect the extents that remain and rebuild the tree from
+//! them, reusing the old tree's blocks.
 //!
 //! Invariant: a change takes every block it needs before it writes anything, so
 //! a failure (ENOSPC, maximum depth) leaves the tree as it was and never an inode
@@ -194,22 +197,8 @@ impl Filesystem {
         self.rebuild_tree(tx, ino, inode, out, node_blocks)
     }
 
-    /// Writes zeros over `count` blocks from `pblk` (file data, straight to the device).
-    fn zero_blocks(&self, pblk: u64, count: u64) -> Result<()> {
-        const CHUNK_BLOCKS: u64 = 256;
-        let bs = self.vol.geo.block_size as u64;
-        let zeros = vec![0u8; (CHUNK_BLOCKS.min(count) * bs) as usize];
-        let mut done = 0;
-        while done < count {
-            let n = CHUNK_BLOCKS.min(count - done);
-            self.vol.cache.device().write_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
-            done += n;
-        }
-        Ok(())
-    }
-
     /// The nodes from the root to the leaf whose range holds `lblk`.
-    fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
+    pub(super) fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
         let seed = self.inode_seed(ino, inode);
         let mut path = vec![Node::from(None, self.extent_root(ino, inode)?)];
         loop {
@@ -320,23 +309,57 @@ impl Filesystem {
         level: usize,
         item: Item,
     ) -> Result<()> {
-        // Each full node on the way up splits; a full root pushes down into a new node.
+        let at = path[level].items.partition_point(|i| i.key() <= item.key());
+        self.splice_items(tx, ino, inode, path, level, at, 0, vec![item])
+    }
+
+    /// Replaces the `remove` entries from position `at` of the node at `level` with
+    /// `items` (sorted, and fitting between the entries around them), in place:
+    /// the node is rewritten, and split (a full root pushes down, adding a level)
+    /// only when the result overflows it. The blocks the splits need are taken
+    /// first, all or none: ENOSPC (or a tree at its maximum depth) leaves the tree
+    /// as it was. A splice grows a node by at most two entries, so one split
+    /// always makes room.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn splice_items(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut Vec<Node>,
+        level: usize,
+        at: usize,
+        remove: usize,
+        items: Vec<Item>,
+    ) -> Result<()> {
+        let grown = path[level].items.len() - remove + items.len();
+        debug_assert!(items.len() <= remove + 2, "a splice grows a node by at most two entries");
+        // The node overflowing splits; each split adds an entry to the parent,
+        // which splits in turn when full; a full root pushes down into a new node.
         let mut splits = 0;
-        let mut at = level;
-        while path[at].items.len() >= path[at].max as usize {
-            splits += 1;
-            if at == 0 {
-                if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
-                    return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
+        if grown > path[level].max as usize {
+            let mut up = level;
+            loop {
+                splits += 1;
+                if up == 0 {
+                    if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
+                        return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
+                    }
+                    break;
                 }
-                break;
+                up -= 1;
+                if path[up].items.len() < path[up].max as usize {
+                    break;
+                }
             }
-            at -= 1;
         }
         let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
         let mut new_blocks = self.alloc_tree_blocks(tx, goal, splits)?;
         inode.i_blocks += splits as u64 * self.sectors_per_block();
-        self.insert_item_into(tx, ino, inode, path, level, item, &mut new_blocks)
+        let last = (at + items.len()).saturating_sub(1);
+        path[level].items.splice(at..at + remove, items);
+        self.fix_keys(tx, ino, inode, path, level, at)?;
+        self.settle_node(tx, ino, inode, path, level, last, &mut new_blocks)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -353,12 +376,28 @@ impl Filesystem {
         let pos = path[level].items.partition_point(|i| i.key() <= item.key());
         path[level].items.insert(pos, item);
         self.fix_keys(tx, ino, inode, path, level, pos)?;
+        self.settle_node(tx, ino, inode, path, level, pos, new_blocks)
+    }
+
+    /// Writes the node at `level` after a change whose last new entry is at `pos`,
+    /// splitting it with a block from `new_blocks` when it overflows.
+    #[allow(clippy::too_many_arguments)]
+    fn settle_node(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut Vec<Node>,
+        level: usize,
+        pos: usize,
+        new_blocks: &mut Vec<u64>,
+    ) -> Result<()> {
         if path[level].items.len() <= path[level].max as usize {
             let node = path[level].clone();
             return self.write_node(tx, ino, inode, &node);
         }
         let per_block = fext::max_entries_in_block(self.vol.geo.block_size);
-        let new_block = new_blocks.pop().expect("insert_item set aside a block per split");
+        let new_block = new_blocks.pop().expect("the splice set aside a block per split");
         if level == 0 {
             // The root overflows: its entries move to a new node and the root indexes it.
             let root = &path[0];
@@ -378,12 +417,13 @@ impl Filesystem {
         // Split in two; the upper part goes to the new block and into the parent.
         // An append at the far right of the tree (the common case: a file growing
         // in order) moves only the new entry, leaving full nodes behind as the
-        // kernel's split does; other inserts split in half, and the half-empty
+        // kernel's split does; other changes split in half, and the half-empty
         // nodes they leave are packed at sync.
         let len = path[level].items.len();
+        let max = path[level].max as usize;
         let rightmost = path[..level].iter().all(|n| n.at + 1 == n.items.len());
         let split_at = if pos + 1 == len && rightmost {
-            len - 1
+            (len - 1).min(max)
         } else {
             self.extent_compact.lock().insert(ino);
             len / 2
@@ -485,74 +525,6 @@ impl Filesystem {
         self.rebuild_tree(tx, ino, inode, extents, node_blocks)
     }
 
-    /// Marks logical block `lblk` (inside an unwritten extent) as written: the extent
-    /// splits around it and the written piece joins a contiguous written neighbour.
-    /// Pieces of at most `zeroout` blocks (the extent_zeroout_len tunable) are not
-    /// split off: they are written with zeros and become written too, as the
-    /// kernel's extent_max_zeroout_kb does, trading a little I/O for fewer extents.
-    /// The tree is rebuilt from the new list, a pass over the file's extents.
-    pub(crate) fn extent_mark_written(
-        &self,
-        tx: &mut Handle,
-        ino: u32,
-        inode: &mut Inode,
-        lblk: u64,
-        zeroout: u32,
-    ) -> Result<()> {
-        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
-        let mut out: Vec<Extent> = Vec::with_capacity(extents.len() + 2);
-        for e in extents {
-            let inside = (e.ee_block as u64) <= lblk && lblk < e.end();
-            if !(inside && e.unwritten) {
-                out.push(e);
-                continue;
-            }
-            if e.len <= zeroout {
-                self.zero_blocks(e.start, e.len as u64)?;
-                out.push(Extent { unwritten: false, ..e });
-                continue;
-            }
-            let before = (lblk - e.ee_block as u64) as u32;
-            let after = e.len - before - 1;
-            let (zero_before, zero_after) = (before <= zeroout, after <= zeroout);
-            if zero_before {
-                self.zero_blocks(e.start, before as u64)?;
-            }
-            if zero_after {
-                self.zero_blocks(e.start + before as u64 + 1, after as u64)?;
-            }
-            if before > 0 {
-                out.push(Extent { len: before, unwritten: !zero_before, ..e });
-            }
-            out.push(Extent { ee_block: lblk as u32, len: 1, unwritten: false, start: e.start + before as u64 });
-            if after > 0 {
-                out.push(Extent {
-                    ee_block: lblk as u32 + 1,
-                    len: after,
-                    unwritten: !zero_after,
-                    start: e.start + before as u64 + 1,
-                });
-            }
-        }
-        // Join contiguous neighbours of the same kind (within each kind's length limit).
-        let mut merged: Vec<Extent> = Vec::with_capacity(out.len());
-        for e in out {
-            if let Some(last) = merged.last_mut() {
-                let limit = if e.unwritten { fext::EXT_UNWRITTEN_MAX_LEN } else { fext::EXT_INIT_MAX_LEN };
-                if last.unwritten == e.unwritten
-                    && last.end() == e.ee_block as u64
-                    && last.start + last.len as u64 == e.start
-                    && last.len + e.len <= limit
-                {
-                    last.len += e.len;
-                    continue;
-                }
-            }
-            merged.push(e);
-        }
-        self.rebuild_tree(tx, ino, inode, merged, node_blocks)
-    }
-
     /// Replaces the tree whose node blocks are `old_nodes` with a packed one holding
     /// `extents` (sorted, non-overlapping). The old nodes are reused; any further
     /// blocks are allocated before anything is written, so a tree that cannot be
@@ -631,13 +603,13 @@ impl Filesystem {
 
 /// An entry of a node being edited: an extent (leaf) or an index entry.
 #[derive(Clone, Copy)]
-enum Item {
+pub(super) enum Item {
     Ext(Extent),
     Idx(ExtentIndex),
 }
 
 impl Item {
-    fn key(&self) -> u32 {
+    pub(super) fn key(&self) -> u32 {
         match self {
             Item::Ext(e) => e.ee_block,
             Item::Idx(i) => i.ei_block,
@@ -647,13 +619,13 @@ impl Item {
 
 /// A node on a root-to-leaf path; `block` is None for the root in i_block.
 #[derive(Clone)]
-struct Node {
-    block: Option<u64>,
-    depth: u16,
-    max: u16,
-    items: Vec<Item>,
+pub(super) struct Node {
+    pub(super) block: Option<u64>,
+    pub(super) depth: u16,
+    pub(super) max: u16,
+    pub(super) items: Vec<Item>,
     /// The index entry followed downward.
-    at: usize,
+    pub(super) at: usize,
 }
 
 impl Node {
