@@ -19,6 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use uext4::extent::MapKind;
+use uext4::format::extent::ExtentHeader;
 use uext4::space::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
 use uext4::{Error, Filesystem, Options, Owner, SetAttr, ROOT_INO};
 
@@ -476,4 +477,93 @@ fn two_workers_mixed_data_workload_matches_the_model() {
             }
         }
     }
+}
+
+/// Punches and truncates edit a deep tree in place (remove_range): ranges
+/// inside one extent (a split), across leaves, whole leaves (freed and unlinked
+/// from their parent, up to an empty tree), with writes between, a sync part-way
+/// (which packs the thinned tree), and every step read back against the model.
+#[test]
+fn punch_and_truncate_edit_a_deep_tree_in_place() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("deep.img");
+    mkfs(&image, "256M");
+    let mut model = vec![0u8; 0];
+    let write = |fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: usize, seed: u64| {
+        let data = random_bytes(seed, len);
+        assert_eq!(fs.write(ino, at, &data).unwrap(), len);
+        if model.len() < at as usize + len {
+            model.resize(at as usize + len, 0);
+        }
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+    };
+    {
+        let fs = open_rw(&image, 0);
+        let ino = fs.create(ROOT_INO, b"deep", 0o644, ROOT).unwrap().ino;
+        // Every other block: 3,000 one-block extents, a tree of depth 2.
+        for b in 0..3000u64 {
+            write(&fs, ino, &mut model, 2 * b * BS, BS as usize, b + 1);
+        }
+        fs.sync().unwrap();
+        let depth = |fs: &Filesystem| ExtentHeader::parse(&fs.inode(ino).unwrap().i_block).eh_depth;
+        assert_eq!(depth(&fs), 2, "3,000 extents make a tree of depth 2");
+        let punch = |fs: &Filesystem, model: &mut Vec<u8>, first: u64, blocks: u64| {
+            fs.fallocate(ino, first * BS, blocks * BS, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE).unwrap();
+            let end = (((first + blocks) * BS) as usize).min(model.len());
+            if ((first * BS) as usize) < end {
+                model[(first * BS) as usize..end].fill(0);
+            }
+        };
+        let check = |fs: &Filesystem, model: &Vec<u8>, what: &str| {
+            let got = fs.read_all(ino).unwrap();
+            assert_eq!(got.len(), model.len(), "{what}: size");
+            assert!(got == *model, "{what}: uext4 reads other bytes");
+        };
+        let mut rng = Rng(0xdee9);
+        for step in 0..60u64 {
+            match step % 6 {
+                // Inside one extent: a write makes a long one, the punch splits it.
+                0 => {
+                    let b = rng.below(5000);
+                    write(&fs, ino, &mut model, b * BS, 16 * BS as usize, step + 10_000);
+                    punch(&fs, &mut model, b + 5, 3);
+                }
+                // Across a few hundred blocks: whole leaves may go.
+                1 | 2 => punch(&fs, &mut model, rng.below(6000), 1 + rng.below(900)),
+                3 => {
+                    let b = rng.below(6000);
+                    write(&fs, ino, &mut model, b * BS + 100, 3 * BS as usize, step + 20_000);
+                }
+                4 => {
+                    if step == 28 {
+                        fs.sync().unwrap();
+                    }
+                    punch(&fs, &mut model, rng.below(6000), 1 + rng.below(40));
+                }
+                _ => {
+                    // Truncate down, part of a block kept.
+                    let size = (model.len() as u64 * 97 / 100).max(BS + 7);
+                    fs.setattr(ino, &SetAttr { size: Some(size), ..SetAttr::default() }).unwrap();
+                    model.resize(size as usize, 0);
+                }
+            }
+            check(&fs, &model, &format!("step {step}"));
+        }
+        // Everything but the first block goes, leaf by leaf, then everything.
+        punch(&fs, &mut model, 1, 1 << 20);
+        check(&fs, &model, "punch to the end");
+        // The last extent goes: an empty tree of depth 0 that takes writes again.
+        punch(&fs, &mut model, 0, 1);
+        assert_eq!(depth(&fs), 0, "an emptied tree is an empty root");
+        check(&fs, &model, "punch of everything");
+        write(&fs, ino, &mut model, 5 * BS, 10, 99);
+        check(&fs, &model, "a write into the emptied tree");
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert!(std::fs::read(m.dir.join("deep")).unwrap() == model, "the kernel reads other bytes");
 }

@@ -8,9 +8,11 @@
 //! indexes it, adding a level (up to the kernel's limit of 5). A node's entries
 //! can also be spliced in place (`splice_items`: the conversion of unwritten
 //! blocks, `zeroout.rs`, replaces an extent and its neighbours by up to two more
-//! entries), splitting the node only when it overflows. Truncation, punching and
-//! zero range still collect the extents that remain and rebuild the tree from
-//! them, reusing the old tree's blocks.
+//! entries), splitting the node only when it overflows. Truncation and punching
+//! remove their range in place too, leaf by leaf from the right, unlinking
+//! leaves they empty (`remove_range`); freeing a whole tree and zero range still
+//! collect the extents and rebuild, reusing the old tree's blocks. Trees thinned
+//! or split away from the right edge are packed at the next sync or fsync.
 //!
 //! Invariant: a change takes every block it needs before it writes anything, so
 //! a failure (ENOSPC, maximum depth) leaves the tree as it was and never an inode
@@ -105,7 +107,7 @@ impl Filesystem {
     }
 
     /// Unmaps logical blocks [first, end) and frees them; extents crossing an edge
-    /// are cut. The tree is rebuilt from what remains.
+    /// are cut, in place (`remove_range`).
     pub(crate) fn extent_punch(
         &self,
         tx: &mut Handle,
@@ -118,31 +120,123 @@ impl Filesystem {
             // Block maps: extent/indirect.rs.
             return self.ind_remove(tx, ino, inode, first, end);
         }
-        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
-        if !extents.iter().any(|e| (e.ee_block as u64) < end && e.end() > first) {
+        self.remove_range(tx, ino, inode, first, end)
+    }
+
+    /// Removes the mapping of [first, end) from the tree in place, leaf by leaf
+    /// from the right as the kernel's ext4_ext_remove_space does: extents inside
+    /// go, extents across an edge are cut (one across both edges splits in two,
+    /// the only change that can grow a leaf, by a splice), a leaf left empty is
+    /// freed and unlinked from its parent (and a parent left empty in turn), and
+    /// a tree left empty becomes an empty root. Only the leaves that hold the
+    /// range are read and written. The data blocks, and the nodes let go, are
+    /// checked (in use, named once) and freed at the end. A tree thinned this way
+    /// is packed at the next sync, as split ones are.
+    fn remove_range(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, first: u64, end: u64) -> Result<()> {
+        let end = end.min(super::MAX_LBLK);
+        let mut to_free: Vec<(u64, u64)> = Vec::new();
+        let mut nodes_freed: Vec<u64> = Vec::new();
+        let mut cursor = end;
+        while cursor > first {
+            let mut path = self.extent_path(ino, inode, (cursor - 1) as u32)?;
+            let leaf = path.len() - 1;
+            // The first logical block this leaf may hold: its key in the parent.
+            let leaf_start = match leaf {
+                0 => 0,
+                _ => path[leaf - 1].items[path[leaf - 1].at].key() as u64,
+            };
+            let mut kept: Vec<Item> = Vec::with_capacity(path[leaf].items.len() + 1);
+            let mut changed = false;
+            for item in &path[leaf].items {
+                let Item::Ext(e) = *item else { unreachable!("leaves hold extents") };
+                let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
+                if from >= to {
+                    kept.push(*item);
+                    continue;
+                }
+                changed = true;
+                to_free.push((e.start + (from - e.ee_block as u64), to - from));
+                if from > e.ee_block as u64 {
+                    kept.push(Item::Ext(Extent { len: (from - e.ee_block as u64) as u32, ..e }));
+                }
+                if to < e.end() {
+                    let skip = to - e.ee_block as u64;
+                    kept.push(Item::Ext(Extent {
+                        ee_block: to as u32,
+                        len: e.len - skip as u32,
+                        start: e.start + skip,
+                        ..e
+                    }));
+                }
+            }
+            if changed {
+                if kept.is_empty() && leaf > 0 {
+                    self.unlink_empty_node(tx, ino, inode, &mut path, leaf, &mut nodes_freed)?;
+                } else {
+                    let old = path[leaf].items.len();
+                    self.splice_items(tx, ino, inode, &mut path, leaf, 0, old, kept)?;
+                }
+            }
+            // The leftmost leaf holds nothing below its key: done there.
+            if leaf_start >= cursor {
+                break;
+            }
+            cursor = leaf_start;
+        }
+        if to_free.is_empty() {
             return Ok(());
         }
-        let mut kept = Vec::with_capacity(extents.len() + 1);
-        let mut to_free = Vec::new();
-        for e in extents {
-            let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
-            if from >= to {
-                kept.push(e);
-                continue;
-            }
-            let cut_at = from - e.ee_block as u64;
-            to_free.push((e.start + cut_at, to - from));
-            if cut_at > 0 {
-                kept.push(Extent { len: cut_at as u32, ..e });
-            }
-            if to < e.end() {
-                let skip = to - e.ee_block as u64;
-                kept.push(Extent { ee_block: to as u32, len: e.len - skip as u32, start: e.start + skip, ..e });
+        if ExtentHeader::parse(&inode.i_block).eh_depth > 0 {
+            self.extent_compact.lock().insert(ino);
+        }
+        // Nothing is freed twice, and nothing that is not in use.
+        let location = || format!("extent tree of inode {ino}");
+        let mut ranges: Vec<(u64, u64)> = nodes_freed.iter().map(|&b| (b, 1)).collect();
+        ranges.extend(to_free.iter().copied());
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return Err(Error::corrupt(format!("block {} is mapped twice", w[1].0), location()));
             }
         }
-        // The new tree first: should it need a block it cannot get, nothing has changed.
-        self.rebuild_tree(tx, ino, inode, kept, node_blocks)?;
+        self.alloc.check_blocks_in_use(&ranges, &location)?;
+        for &b in &nodes_freed {
+            self.alloc.free_blocks_range(tx, b, 1)?;
+            inode.i_blocks = inode.i_blocks.saturating_sub(self.sectors_per_block());
+        }
         self.free_data_ranges(tx, inode, &to_free)
+    }
+
+    /// Takes the node at `level` of `path`, now empty, out of its parent (whose
+    /// own emptiness is handled the same way, up to the root, which becomes an
+    /// empty leaf). The node's block is added to `freed` for the caller to free.
+    fn unlink_empty_node(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut [Node],
+        level: usize,
+        freed: &mut Vec<u64>,
+    ) -> Result<()> {
+        let mut level = level;
+        loop {
+            freed.extend(path[level].block);
+            let parent = level - 1;
+            let at = path[parent].at;
+            path[parent].items.remove(at);
+            if !path[parent].items.is_empty() {
+                self.fix_keys(tx, ino, inode, path, parent, at)?;
+                let node = path[parent].clone();
+                return self.write_node(tx, ino, inode, &node);
+            }
+            if parent == 0 {
+                // The whole tree is gone: an empty root, depth 0, as a new inode's.
+                inode.i_block = Self::empty_extent_root();
+                return Ok(());
+            }
+            level = parent;
+        }
     }
 
     /// Frees data blocks unmapped from `inode` and takes them off its i_blocks.
@@ -488,14 +582,19 @@ impl Filesystem {
         Ok((extents, node_blocks))
     }
 
-    /// Cuts the mapping at logical block `keep`: blocks from there on are freed, and
-    /// the tree is rebuilt from the extents that remain (truncate is rare enough
-    /// that rebuilding beats editing in place).
+    /// Cuts the mapping at logical block `keep`: blocks from there on are freed,
+    /// in place (`remove_range`); cutting at 0 frees the whole tree.
     pub(crate) fn extent_truncate(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, keep: u64) -> Result<()> {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
             // Block maps: extent/indirect.rs.
             return self.ind_remove(tx, ino, inode, keep, u64::MAX);
         }
+        if keep > 0 {
+            return self.remove_range(tx, ino, inode, keep, super::MAX_LBLK);
+        }
+        // Freeing everything (an inode's release): the whole tree is read and
+        // checked first (collect_extents), so a damaged one is refused before
+        // any change.
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         let mut kept = Vec::new();
         let mut to_free = Vec::new();
