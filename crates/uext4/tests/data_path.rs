@@ -567,3 +567,87 @@ fn punch_and_truncate_edit_a_deep_tree_in_place() {
     let m = oracle::Mount::new(&image, "ro");
     assert!(std::fs::read(m.dir.join("deep")).unwrap() == model, "the kernel reads other bytes");
 }
+
+/// COLLAPSE_RANGE and INSERT_RANGE (file/shift.rs) over written, unwritten and
+/// unmapped blocks, inside extents and at their edges, each step read back
+/// against a model (bytes cut out, or zeros opened); the kernel's refusals
+/// (unaligned, against the end of file) as errors; e2fsck -fn silent and the
+/// kernel reading the model at the end.
+#[test]
+fn collapse_and_insert_range_move_the_rest_of_the_file() {
+    use uext4::space::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("shift.img");
+    stale_image(&image);
+    let mut model: Vec<u8> = Vec::new();
+    {
+        let fs = open_rw(&image, 0);
+        let ino = fs.create(ROOT_INO, b"f", 0o644, ROOT).unwrap().ino;
+        // Two written blocks of every three, then preallocated space, then more data.
+        for b in (0..300u64).step_by(3) {
+            let data = random_bytes(b + 1, 2 * BS as usize);
+            fs.write(ino, b * BS, &data).unwrap();
+            model.resize(((b + 2) * BS) as usize, 0);
+            model[(b * BS) as usize..((b + 2) * BS) as usize].copy_from_slice(&data);
+        }
+        fs.fallocate(ino, 300 * BS, 200 * BS, 0).unwrap();
+        model.resize((500 * BS) as usize, 0);
+        let tail = random_bytes(77, 10 * BS as usize + 123);
+        fs.write(ino, 500 * BS, &tail).unwrap();
+        model.extend_from_slice(&tail);
+        let check = |fs: &Filesystem, model: &Vec<u8>, what: &str| {
+            let got = fs.read_all(ino).unwrap();
+            assert_eq!(got.len(), model.len(), "{what}: size");
+            if let Some(i) = (0..got.len()).find(|&i| got[i] != model[i]) {
+                panic!("{what}: uext4 reads {:#x} at byte {i}, the model {:#x}", got[i], model[i]);
+            }
+        };
+        check(&fs, &model, "before");
+        // (collapse?, first block, blocks)
+        let steps: &[(bool, u64, u64)] = &[
+            (true, 50, 10),    // across written extents and holes
+            (false, 4, 7),     // inside a two-block extent: it splits
+            (true, 0, 1),      // the first block
+            (false, 0, 3),     // before everything
+            (true, 320, 40),   // inside the preallocated space
+            (false, 350, 100), // inside it again, a big hole opened
+            (true, 100, 300),  // a large cut across kinds
+            (false, 1, 1),
+        ];
+        for (n, &(collapse, first, blocks)) in steps.iter().enumerate() {
+            let (off, len) = ((first * BS) as usize, (blocks * BS) as usize);
+            let mode = if collapse { FALLOC_FL_COLLAPSE_RANGE } else { FALLOC_FL_INSERT_RANGE };
+            fs.fallocate(ino, off as u64, len as u64, mode).unwrap_or_else(|e| panic!("step {n}: {e}"));
+            if collapse {
+                model.drain(off..off + len);
+            } else {
+                model.splice(off..off, std::iter::repeat_n(0u8, len));
+            }
+            check(&fs, &model, &format!("step {n}"));
+        }
+        // The kernel's refusals: unaligned, a collapse reaching EOF, an insert at EOF,
+        // with other flags.
+        let size = model.len() as u64;
+        let refused = [
+            (5, BS, FALLOC_FL_COLLAPSE_RANGE),
+            (0, BS + 1, FALLOC_FL_INSERT_RANGE),
+            (size.div_ceil(BS) * BS - BS, BS, FALLOC_FL_COLLAPSE_RANGE),
+            (size.div_ceil(BS) * BS, BS, FALLOC_FL_INSERT_RANGE),
+            (0, BS, FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_KEEP_SIZE),
+        ];
+        for (off, len, mode) in refused {
+            match fs.fallocate(ino, off, len, mode) {
+                Err(Error::Invalid(_)) => {}
+                other => panic!("fallocate({off}, {len}, {mode:#x}) gave {other:?}, the kernel gives EINVAL"),
+            }
+        }
+        check(&fs, &model, "after the refusals");
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert!(std::fs::read(m.dir.join("f")).unwrap() == model, "the kernel reads other bytes");
+}

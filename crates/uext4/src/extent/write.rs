@@ -613,6 +613,55 @@ impl Filesystem {
         self.free_data_ranges(tx, inode, &to_free)
     }
 
+    /// Moves every extent from logical block `from` on by `delta` blocks (down
+    /// for a collapse, whose range [from + delta, from) the caller unmapped
+    /// first; up for an insert, which first splits an extent across `from`).
+    /// The tree is rebuilt from the moved list (a shift changes every key after
+    /// `from`, so an edit in place would rewrite those nodes anyway); extents
+    /// the shift makes contiguous stay apart, as the kernel leaves them when
+    /// not in one leaf.
+    ///
+    /// # Errors
+    /// `FileTooLarge` when an extent would end past 2^32 blocks; `NoSpace` when
+    /// the split needs a tree block (nothing changed then); `Corrupt`.
+    pub(crate) fn extent_shift(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        from: u64,
+        delta: i64,
+    ) -> Result<()> {
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        let mut moved: Vec<Extent> = Vec::with_capacity(extents.len() + 1);
+        for e in extents {
+            let start = e.ee_block as u64;
+            if e.end() <= from {
+                moved.push(e);
+                continue;
+            }
+            // An insert inside an extent splits it at `from`.
+            let (head, tail) = if start < from {
+                let head_len = (from - start) as u32;
+                let tail =
+                    Extent { ee_block: from as u32, len: e.len - head_len, start: e.start + head_len as u64, ..e };
+                (Some(Extent { len: head_len, ..e }), tail)
+            } else {
+                (None, e)
+            };
+            moved.extend(head);
+            let new_start = tail.ee_block as i64 + delta;
+            if new_start < 0 || new_start as u64 + tail.len as u64 > super::MAX_LBLK {
+                return Err(Error::FileTooLarge(format!(
+                    "shifting the extent at logical {} of inode {ino} by {delta} blocks",
+                    tail.ee_block
+                )));
+            }
+            moved.push(Extent { ee_block: new_start as u32, ..tail });
+        }
+        self.rebuild_tree(tx, ino, inode, moved, node_blocks)
+    }
+
     /// Rebuilds the tree with every node packed full, keeping the extents. Trees grown
     /// by inserts in random order (the kernel's delayed allocation inserts in file
     /// order instead) would otherwise have levels e2fsck calls "could be narrower".
