@@ -651,3 +651,143 @@ fn collapse_and_insert_range_move_the_rest_of_the_file() {
     let m = oracle::Mount::new(&image, "ro");
     assert!(std::fs::read(m.dir.join("f")).unwrap() == model, "the kernel reads other bytes");
 }
+
+/// fsx-style on one file through the library, over stale 0xEE blocks: random
+/// writes, reads, truncates, preallocations (keep-size or not), punches, zeroed
+/// ranges, collapses and inserts, at zero-out lengths 0, 7 and 256, every read
+/// checked against an in-memory copy; then e2fsck -fn and the kernel's read.
+/// `UEXT4_FSX_OPS` sets the operations per length (default 200,000).
+#[test]
+fn fsx_with_collapse_and_insert_at_three_zero_out_lengths() {
+    use uext4::space::{FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE};
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let ops: u64 = std::env::var("UEXT4_FSX_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    const MAX: u64 = 4 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    for zeroout in [0u32, 7, 256] {
+        let image = dir.path().join("fsx.img");
+        stale_image(&image);
+        let mut model: Vec<u8> = Vec::new();
+        let mut counts = [0u64; 9];
+        {
+            let fs = open_rw(&image, zeroout);
+            let ino = fs.create(ROOT_INO, b"fsx", 0o644, ROOT).unwrap().ino;
+            let mut rng = Rng(0x00f5_7a11 ^ zeroout as u64);
+            for step in 0..ops {
+                let ctx = || format!("zero-out {zeroout}, step {step}");
+                let size = model.len() as u64;
+                let off = rng.below(MAX);
+                let most = if rng.below(8) == 0 { 256 << 10 } else { 16 << 10 };
+                let len = 1 + rng.below(most);
+                let op = rng.below(100) as usize;
+                let kind = match op {
+                    0..=29 => 0,
+                    30..=49 => 1,
+                    50..=56 => 2,
+                    57..=66 => 3,
+                    67..=74 => 4,
+                    75..=81 => 5,
+                    82..=88 => 6,
+                    89..=95 => 7,
+                    _ => 8,
+                };
+                match kind {
+                    0 => {
+                        let len = len.min(MAX - off);
+                        let data = random_bytes(rng.next(), len as usize);
+                        assert_eq!(fs.write(ino, off, &data).unwrap(), data.len(), "{}", ctx());
+                        if model.len() < (off + len) as usize {
+                            model.resize((off + len) as usize, 0);
+                        }
+                        model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                    }
+                    1 => {
+                        let at = if size == 0 { 0 } else { rng.below(size) };
+                        let mut buf = vec![0u8; len as usize];
+                        let n = fs.read(ino, at, &mut buf).unwrap();
+                        let want = &model[(at as usize).min(model.len())..((at + len) as usize).min(model.len())];
+                        assert_eq!(n, want.len(), "{}: read length", ctx());
+                        if let Some(i) = (0..n).find(|&i| buf[i] != want[i]) {
+                            panic!(
+                                "{}: reads {:#x} at byte {}, the model {:#x}",
+                                ctx(),
+                                buf[i],
+                                at as usize + i,
+                                want[i]
+                            );
+                        }
+                    }
+                    2 => {
+                        let to = rng.below(MAX);
+                        fs.setattr(ino, &SetAttr { size: Some(to), ..SetAttr::default() }).unwrap();
+                        model.resize(to as usize, 0);
+                    }
+                    3..=5 => {
+                        let len = len.min(MAX - off);
+                        let mode = match kind {
+                            3 => {
+                                if rng.below(2) == 0 {
+                                    FALLOC_FL_KEEP_SIZE
+                                } else {
+                                    0
+                                }
+                            }
+                            4 => FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                            _ => FALLOC_FL_ZERO_RANGE | if rng.below(2) == 0 { FALLOC_FL_KEEP_SIZE } else { 0 },
+                        };
+                        fs.fallocate(ino, off, len, mode).unwrap_or_else(|e| panic!("{}: {e}", ctx()));
+                        if mode & FALLOC_FL_KEEP_SIZE == 0 && model.len() < (off + len) as usize {
+                            model.resize((off + len) as usize, 0);
+                        }
+                        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+                            let end = ((off + len) as usize).min(model.len());
+                            if (off as usize) < end {
+                                model[off as usize..end].fill(0);
+                            }
+                        }
+                    }
+                    6 | 7 => {
+                        // Block-aligned, inside the file (the kernel's limits).
+                        let blocks = size / BS;
+                        if blocks < 2 {
+                            continue;
+                        }
+                        let first = rng.below(blocks - 1);
+                        let n = 1 + rng.below((blocks - 1 - first).min(64));
+                        let (o, l) = ((first * BS) as usize, (n * BS) as usize);
+                        if kind == 6 {
+                            if (o + l) as u64 >= size {
+                                continue;
+                            }
+                            fs.fallocate(ino, o as u64, l as u64, FALLOC_FL_COLLAPSE_RANGE)
+                                .unwrap_or_else(|e| panic!("{}: collapse: {e}", ctx()));
+                            model.drain(o..o + l);
+                        } else {
+                            if size + l as u64 > MAX {
+                                continue;
+                            }
+                            fs.fallocate(ino, o as u64, l as u64, FALLOC_FL_INSERT_RANGE)
+                                .unwrap_or_else(|e| panic!("{}: insert: {e}", ctx()));
+                            model.splice(o..o, std::iter::repeat_n(0u8, l));
+                        }
+                    }
+                    _ => fs.fsync(ino).unwrap(),
+                }
+                // Shifts skipped for a file too small or too big are not counted.
+                counts[kind] += 1;
+                if step % 20_000 == 19_999 {
+                    assert!(fs.read_all(ino).unwrap() == model, "{}: the whole file", ctx());
+                }
+            }
+            fs.sync().unwrap();
+        }
+        eprintln!(
+            "fsx zero-out {zeroout}: {ops} operations (write, read, truncate, fallocate, punch, zero, collapse, insert, fsync): {counts:?}"
+        );
+        oracle::assert_e2fsck_clean(&image);
+        let m = oracle::Mount::new(&image, "ro");
+        assert!(std::fs::read(m.dir.join("fsx")).unwrap() == model, "zero-out {zeroout}: the kernel reads other bytes");
+    }
+}
