@@ -21,7 +21,7 @@ use report::{DeviceFigures, Results, Sample, Skipped, WorkloadInfo};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use target::{run_tool, Session, Target};
 use usage::own_usage;
 use workload::{Phases, Workload};
@@ -198,8 +198,14 @@ fn run_once(
     mkfs.args(w.mkfs_args(quick));
     run_tool(mkfs.arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
     let session = target.attach(&image, &mountpoint, &w.uext4_defaults(quick), &w.kernel_mount_options())?;
-    let mut runner =
-        Runner { session: Some(session), workload: w.name(), target: target.clone(), run, samples: Vec::new() };
+    let mut runner = Runner {
+        session: Some(session),
+        workload: w.name(),
+        target: target.clone(),
+        run,
+        samples: Vec::new(),
+        threads: 1,
+    };
     let outcome = w.run(quick, input, &mut runner);
     let finished = runner.session.take().map(|s| s.finish()).unwrap_or(Ok(()));
     outcome.map_err(|e| BenchError(format!("{} on {}: {e}", w.name(), target.name())))?;
@@ -242,6 +248,8 @@ struct Runner {
     target: Target,
     run: usize,
     samples: Vec<Sample>,
+    /// Threads of the next timed phase (`Phases::threads`).
+    threads: u64,
 }
 
 impl Runner {
@@ -257,13 +265,22 @@ impl Phases for Runner {
         ops: u64,
         body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<()>,
     ) -> Result<(), BenchError> {
+        self.timed_latencies(name, ops, &mut |fs| body(fs).map(|()| Vec::new()))
+    }
+
+    fn timed_latencies(
+        &mut self,
+        name: &str,
+        ops: u64,
+        body: &mut dyn FnMut(&dyn ops::FsOps) -> io::Result<Vec<Duration>>,
+    ) -> Result<(), BenchError> {
         let session = self.session();
         session.begin_phase();
         let usage_before = own_usage() + session.helper_usage();
         let device_before = session.device();
         let clock = Instant::now();
-        body(session.ops())
-            .and_then(|()| session.ops().sync())
+        let mut latencies = body(session.ops())
+            .and_then(|latencies| session.ops().sync().map(|()| latencies))
             .map_err(|e| BenchError(format!("phase {name}: {e}")))?;
         let wall_s = clock.elapsed().as_secs_f64();
         let usage = own_usage() + session.helper_usage() - usage_before;
@@ -273,6 +290,7 @@ impl Phases for Runner {
             phase: name.into(),
             target: self.target.clone(),
             run: self.run,
+            threads: std::mem::replace(&mut self.threads, 1),
             ops,
             wall_s,
             ops_per_s: ops as f64 / wall_s.max(1e-9),
@@ -281,6 +299,7 @@ impl Phases for Runner {
             involuntary_switches: usage.involuntary_switches,
             device,
             model,
+            latency_p99_ms: percentile_99(&mut latencies).map(|d| d.as_secs_f64() * 1000.0),
             extents: None,
         });
         Ok(())
@@ -299,6 +318,17 @@ impl Phases for Runner {
         let target = self.target.name();
         self.session().set_zeroout(blocks).map_err(|e| BenchError(format!("{target}: {e}")))
     }
+
+    fn threads(&mut self, threads: u64) {
+        self.threads = threads;
+    }
+}
+
+/// The 99th percentile (nearest rank) of `latencies`; None when there are none.
+fn percentile_99(latencies: &mut [Duration]) -> Option<Duration> {
+    latencies.sort_unstable();
+    let rank = (latencies.len() * 99).div_ceil(100);
+    latencies.get(rank.checked_sub(1)?).copied()
 }
 
 /// /proc/loadavg's first three figures: how busy this shared machine was.
@@ -343,4 +373,22 @@ fn write_outputs(results: &Results, out: &Path) -> Result<(), BenchError> {
     println!("{markdown}");
     eprintln!("results, JSON and plots are in {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile_99;
+    use std::time::Duration;
+
+    #[test]
+    fn the_99th_percentile_is_the_nearest_rank() {
+        let ms = |v: u64| Duration::from_millis(v);
+        assert_eq!(percentile_99(&mut []), None);
+        assert_eq!(percentile_99(&mut [ms(7)]), Some(ms(7)));
+        // 100 values 1..=100: rank 99 is 99; 200 values: rank 198.
+        let mut hundred: Vec<Duration> = (1..=100).rev().map(ms).collect();
+        assert_eq!(percentile_99(&mut hundred), Some(ms(99)));
+        let mut two_hundred: Vec<Duration> = (1..=200).map(ms).collect();
+        assert_eq!(percentile_99(&mut two_hundred), Some(ms(198)));
+    }
 }

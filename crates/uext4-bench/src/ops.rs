@@ -23,6 +23,8 @@ pub trait FsOps: Send + Sync {
     fn stat(&self, path: &str) -> io::Result<u64>;
     fn unlink(&self, path: &str) -> io::Result<()>;
     fn rmdir(&self, path: &str) -> io::Result<()>;
+    /// rename(2) within the filesystem, replacing `to` if it exists.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
     /// The names in a directory (no "." or ".."), in the order readdir gives them.
     fn read_dir(&self, path: &str) -> io::Result<Vec<String>>;
     /// Whether `path` is a directory (lstat).
@@ -100,6 +102,12 @@ impl FsOps for Uext4Ops {
     fn rmdir(&self, path: &str) -> io::Result<()> {
         let (parent, name) = self.parent_and_name(path)?;
         self.fs.rmdir(parent, name.as_bytes()).map_err(to_io)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (src_dir, src) = self.parent_and_name(from)?;
+        let (dst_dir, dst) = self.parent_and_name(to)?;
+        self.fs.rename(src_dir, src.as_bytes(), dst_dir, dst.as_bytes(), 0).map_err(to_io)
     }
 
     fn read_dir(&self, path: &str) -> io::Result<Vec<String>> {
@@ -204,6 +212,10 @@ impl FsOps for PosixOps {
 
     fn unlink(&self, path: &str) -> io::Result<()> {
         std::fs::remove_file(self.at(path))
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.at(from), self.at(to))
     }
 
     fn rmdir(&self, path: &str) -> io::Result<()> {

@@ -18,6 +18,8 @@ pub struct Sample {
     pub target: Target,
     /// Which repetition; runs of all targets in one repetition form a pair with uext4's.
     pub run: usize,
+    /// Threads the phase ran its operations on.
+    pub threads: u64,
     pub ops: u64,
     pub wall_s: f64,
     pub ops_per_s: f64,
@@ -30,6 +32,9 @@ pub struct Sample {
     pub device: Option<DeviceFigures>,
     /// The phase's requests priced by uext4's disk models (`uext4::dev::io_model`).
     pub model: Option<ModelFigures>,
+    /// The 99th percentile of the phase's operation latencies, in milliseconds,
+    /// for workloads that time each operation (`Phases::timed_latencies`).
+    pub latency_p99_ms: Option<f64>,
     /// Lines of debugfs `ex` for the phase's file after the run (seed 001's count),
     /// for workloads that name one.
     pub extents: Option<u64>,
@@ -172,6 +177,12 @@ pub struct Summary {
     pub model: Option<ModelFigures>,
     /// Median over rounds of this target's modelled HDD time over uext4's.
     pub hdd_ratio_to_uext4: Option<f64>,
+    /// Median over runs of the phase's 99th-percentile operation latency.
+    pub median_p99_ms: Option<f64>,
+    /// Median over runs of this phase's ops/s over the workload's first
+    /// phase's ops/s in the same run (for fsync-storm: the create rate kept
+    /// with N fsyncers, against none).
+    pub rate_kept: Option<f64>,
 }
 
 impl Results {
@@ -226,6 +237,25 @@ impl Results {
             .collect()
     }
 
+    /// The median over runs of `target`'s ops/s in `phase` over its ops/s in
+    /// the workload's first phase of the same run (None for the first phase).
+    pub fn rate_kept(&self, workload: &str, phase: &str, target: &Target) -> Option<f64> {
+        let phases = self.phases(workload);
+        let first = phases.first().filter(|first| *first != phase)?;
+        let of = |p: &str| -> Vec<&Sample> {
+            self.samples.iter().filter(|s| s.workload == workload && s.phase == p && &s.target == target).collect()
+        };
+        let bases = of(first);
+        let mut kept: Vec<f64> = of(phase)
+            .into_iter()
+            .filter_map(|s| {
+                let base = bases.iter().find(|b| b.run == s.run)?;
+                Some(s.ops_per_s / base.ops_per_s).filter(|r| r.is_finite())
+            })
+            .collect();
+        (!kept.is_empty()).then(|| median(&mut kept))
+    }
+
     pub fn summarize(&self, workload: &str, phase: &str) -> Vec<Summary> {
         let of = |t: &Target| -> Vec<&Sample> {
             self.samples.iter().filter(|s| s.workload == workload && s.phase == phase && &s.target == t).collect()
@@ -277,6 +307,11 @@ impl Results {
                 device: device_median,
                 model: model_median,
                 hdd_ratio_to_uext4: ratio(&|s| s.model.map(|m| m.hdd_s)),
+                median_p99_ms: {
+                    let mut p99: Vec<f64> = samples.iter().filter_map(|s| s.latency_p99_ms).collect();
+                    (!p99.is_empty()).then(|| median(&mut p99))
+                },
+                rate_kept: self.rate_kept(workload, phase, target),
             });
         }
         out
@@ -313,7 +348,7 @@ impl Results {
             let _ = writeln!(md, "\n### {}: {}\n\n{}; {} MiB image.\n", w.name, w.about, w.size, w.image_mb);
             let _ = writeln!(
                 md,
-                "| phase | target | median s | min..max s | ops/s | CPU s | vol. switches | time / uext4's |"
+                "| phase | target | median s | min..max s | ops/s | CPU s | vol. switches (per op) | time / uext4's |"
             );
             let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
             let mut device_lines = Vec::new();
@@ -323,12 +358,13 @@ impl Results {
                     let ratio = s.ratio_to_uext4.map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
                     let _ = writeln!(
                         md,
-                        "| {phase} | {} | {:.3} | {lo:.3}..{hi:.3} | {:.0} | {:.3} | {:.0} | {ratio} |",
+                        "| {phase} | {} | {:.3} | {lo:.3}..{hi:.3} | {:.0} | {:.3} | {:.0} ({:.3}) | {ratio} |",
                         s.target.name(),
                         s.median_wall,
                         s.median_ops_per_s,
                         s.median_cpu,
-                        s.median_voluntary
+                        s.median_voluntary,
+                        s.median_voluntary / (s.median_ops_per_s * s.median_wall).max(1.0)
                     );
                     if let Some(d) = &s.device {
                         device_lines.push(format!(
@@ -375,6 +411,30 @@ impl Results {
             }
             if !device_lines.is_empty() {
                 let _ = writeln!(md, "\nDevice requests (median per run): {}.", device_lines.join("; "));
+            }
+            let mut latency_rows = Vec::new();
+            for phase in self.phases(&w.name) {
+                for s in self.summarize(&w.name, &phase) {
+                    let Some(p99) = s.median_p99_ms else { continue };
+                    let kept = s.rate_kept.map(|r| format!("{r:.2}")).unwrap_or_else(|| "1 (the base)".into());
+                    latency_rows.push(format!(
+                        "| {phase} | {} | {:.0} | {kept} | {p99:.2} |",
+                        s.target.name(),
+                        s.median_ops_per_s
+                    ));
+                }
+            }
+            if !latency_rows.is_empty() {
+                let _ = writeln!(
+                    md,
+                    "\nRate kept and latency (medians over runs): ops/s in the phase over ops/s in the first \
+                     phase of the same run, and the 99th-percentile latency of one operation.\n"
+                );
+                let _ = writeln!(md, "| phase | target | ops/s | rate kept | p99 ms |");
+                let _ = writeln!(md, "|---|---|---|---|---|");
+                for row in latency_rows {
+                    let _ = writeln!(md, "{row}");
+                }
             }
             let mut model_rows = Vec::new();
             for phase in self.phases(&w.name) {
@@ -513,6 +573,7 @@ mod tests {
             phase: "p".into(),
             target,
             run,
+            threads: 1,
             ops: 10,
             wall_s,
             ops_per_s: 10.0 / wall_s,
@@ -521,6 +582,7 @@ mod tests {
             involuntary_switches: 0,
             device: None,
             model: None,
+            latency_p99_ms: None,
             extents: None,
         }
     }
@@ -573,5 +635,40 @@ mod tests {
         assert!(md.contains("Skipped **fuse2fs**: not here."), "{md}");
         assert!(md.contains("| p | kernel | 8.000 | 2.000..30.000 |"), "{md}");
         assert!(md.contains("| 3.00x |"), "{md}");
+    }
+
+    /// The rate kept pairs each run's phase with the first phase of the same
+    /// run, and the p99 column appears only for phases that timed operations.
+    #[test]
+    fn rate_kept_pairs_a_phase_with_the_first_phase_of_its_run() {
+        let phase = |phase: &str, run: usize, wall_s: f64, p99: f64| Sample {
+            phase: phase.into(),
+            latency_p99_ms: Some(p99),
+            ..sample(uext4(), run, wall_s)
+        };
+        let results = Results {
+            command: String::new(),
+            machine: String::new(),
+            load_average: Vec::new(),
+            quick: true,
+            runs: 2,
+            mkfs: String::new(),
+            targets: vec![uext4()],
+            skipped: Vec::new(),
+            workloads: vec![WorkloadInfo { name: "w".into(), about: "a".into(), size: "s".into(), image_mb: 1 }],
+            samples: vec![
+                phase("N=0", 0, 1.0, 0.1),
+                phase("N=2", 0, 2.0, 0.5),
+                // A slow round for everything: kept 0.5 again, not 10 / 1.
+                phase("N=0", 1, 10.0, 0.3),
+                phase("N=2", 1, 20.0, 0.7),
+            ],
+        };
+        assert_eq!(results.rate_kept("w", "N=0", &uext4()), None);
+        assert_eq!(results.rate_kept("w", "N=2", &uext4()), Some(0.5));
+        assert_eq!(results.summarize("w", "N=2")[0].median_p99_ms, Some(0.6));
+        let md = results.markdown();
+        assert!(md.contains("| N=2 | uext4 | 3 | 0.50 | 0.60 |"), "{md}");
+        assert!(md.contains("| N=0 | uext4 | 6 | 1 (the base) | 0.20 |"), "{md}");
     }
 }

@@ -24,9 +24,19 @@ pub struct CpArgs {
     /// Copy directories recursively
     #[arg(short = 'r', short_alias = 'R', long = "recursive")]
     recursive: bool,
+    /// Copy-in: the same tree and image give the same bytes (with SOURCE_DATE_EPOCH
+    /// for the times): written home directly, not through the journal, as
+    /// mkfs.ext4 -d writes (a crash mid-copy leaves the image to be made again),
+    /// on one thread in name order (it overrides -j), so no allocation depends on
+    /// scheduling
+    #[arg(long)]
+    pub reproducible: bool,
     /// Accepted for cp's sake: modes, owners and times are always kept
     #[arg(short = 'p', long = "preserve")]
     _preserve: bool,
+    /// Copy in with N threads (default: the number of CPUs); the result equals -j 1's
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    jobs: Option<usize>,
     /// SOURCE... DEST: either IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)
     #[arg(required = true, num_args = 2..)]
     paths: Vec<String>,
@@ -243,7 +253,14 @@ impl CpArgs {
     /// A recursive copy out of an image, as the demo uses it.
     pub fn new(source: Target, dest: PathBuf, open: OpenArgs) -> CpArgs {
         let src = format!("{}:{}", source.image.display(), String::from_utf8_lossy(&source.path));
-        CpArgs { recursive: true, _preserve: true, paths: vec![src, dest.display().to_string()], open }
+        CpArgs {
+            recursive: true,
+            reproducible: false,
+            _preserve: true,
+            jobs: None,
+            paths: vec![src, dest.display().to_string()],
+            open,
+        }
     }
 }
 
@@ -255,9 +272,15 @@ fn names_image(arg: &str) -> bool {
 pub fn run(a: CpArgs) -> CliResult<()> {
     let last = a.paths.last().expect("clap requires two paths");
     if names_image(last) {
+        if a.reproducible {
+            crate::target::set_bypass_journal();
+        }
         let dest = Target::parse(last).map_err(Failure::refused)?;
         let sources: Vec<PathBuf> = a.paths[..a.paths.len() - 1].iter().map(PathBuf::from).collect();
-        return crate::cmd_put::copy_in(&sources, &dest, a.recursive);
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        // Threads allocate inodes and blocks in whatever order they run.
+        let jobs = if a.reproducible { 1 } else { a.jobs.unwrap_or(cpus).max(1) };
+        return crate::cmd_put::copy_in(&sources, &dest, a.recursive, jobs);
     }
     if a.paths.len() != 2 || !names_image(&a.paths[0]) {
         return Err(Failure::refused("cp needs IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)"));

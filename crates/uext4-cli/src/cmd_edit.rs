@@ -13,7 +13,7 @@
 
 use crate::show::{escape, CliResult, Context, Failure};
 use crate::target::{check_then_apply, dir_behind, follow, parse_target, resolve, Last, Pass, Target};
-use uext4::{Error, FileType, Filesystem, Options, Owner, SetAttr};
+use uext4::{Error, FileType, Filesystem, Owner, SetAttr};
 
 /// New inodes belong to whoever runs the command, as with the host's tools.
 fn me() -> Owner {
@@ -492,8 +492,8 @@ pub struct GetfattrArgs {
 pub fn getfattr(a: GetfattrArgs) -> CliResult<()> {
     for t in &a.targets {
         let context = || format!("getfattr: {}", t.quoted());
-        let fs =
-            Filesystem::open(&t.image, Options::default()).map_err(|e| Failure::refused(format!("getfattr: {e}")))?;
+        let fs = Filesystem::open(&t.image, crate::target::options(true))
+            .map_err(|e| Failure::refused(format!("getfattr: {e}")))?;
         crate::target::warn_if_in_use(&t.image, &fs);
         let ino = resolve(&fs, t).and_then(|r| follow(&fs, t, &r)).context(context)?;
         println!("# file: {}", escape(t.shown().as_bytes()));

@@ -10,7 +10,7 @@
 //! mount is up and reports errors to syslog; before that, errors reach the
 //! terminal.
 
-use crate::fuse::server::{Allowed, Uext4Fuse};
+use crate::fuse::server::{Allowed, AtimeMode, Uext4Fuse};
 use crate::fuse::{SessionConfig, UringMode, TUNABLES_XATTR, TUNE_XATTR};
 use clap::Args;
 use std::ffi::CString;
@@ -45,7 +45,14 @@ them (default 256; extent_max_zeroout_kb=KIB is the same in KiB); runtime: see `
 dir_ireserve=off|low|normal|high|N   keep windows of 16, 64, 128 or N inode slots for each\n                         \
 new directory's files (seed 000; default off)\n  \
 hash_goal=on|off       in indexed directories, place inodes in name-hash order (seed 003; default off)\n  \
-pdirops, inline_data   not implemented yet: only =off is accepted")]
+pdirops=on|off         changes in one indexed directory lock their names, not the directory\n                         \
+(seed 002; default on)\n  \
+inline_data            not implemented yet: only =off is accepted\n  \
+suid, dev, exec / nosuid, nodev, noexec   as mount(8)'s (default nosuid,nodev)\n  \
+relatime, strictatime, noatime   when reads move atime (default relatime)\n  \
+defaults, auto, noauto, user, users, nofail, _netdev, x-*, comment=   fstab's own: accepted, ignored\n\n\
+As a mount helper: `mount -t fuse.uext4 IMAGE DIR -o OPTS` and fstab lines of type fuse.uext4 run\n\
+mount.fuse3, which runs `uext4 IMAGE DIR -o OPTS` (scripts/install puts uext4 where it looks).")]
 pub struct MountArgs {
     /// Image file (or block device) holding the ext4 filesystem
     pub image: PathBuf,
@@ -86,21 +93,70 @@ struct MountConfig {
     allow_root: bool,
     threads: usize,
     uring: UringMode,
+    /// mount(2) flags beyond ro: nosuid and nodev unless `suid`/`dev` ask
+    /// otherwise (as libfuse's defaults), noexec when asked.
+    flags: libc::c_ulong,
+    atime: AtimeMode,
+}
+
+/// Options mount(8) and fstab hand to every helper that only say how the
+/// line is mounted (at boot or not, by whom, whether failing stops boot), or
+/// are comments: mount(8) acts on them itself, so a helper accepts and ignores
+/// them when they reach it (as mount.fuse3 passes some through).
+fn is_fstab_only(item: &str) -> bool {
+    matches!(
+        item,
+        "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "owner"
+            | "group"
+            | "nofail"
+            | "_netdev"
+            | "async"
+            | "lazytime"
+            | "nolazytime"
+            | "loud"
+            | "silent"
+    ) || item.starts_with("x-")
+        || item.starts_with("comment=")
 }
 
 fn parse_options(list: &[String]) -> Result<MountConfig> {
     let mut c = MountConfig {
-        opts: Options { read_only: false, ..Options::default() },
+        opts: crate::target::options(false),
         allow_other: false,
         allow_root: false,
         threads: 4,
         uring: UringMode::Auto,
+        flags: libc::MS_NOSUID | libc::MS_NODEV,
+        atime: AtimeMode::Relatime,
     };
     for item in list.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        if is_fstab_only(item) {
+            continue;
+        }
         match item.split_once('=') {
             None => match item {
                 "ro" => c.opts.read_only = true,
                 "rw" => c.opts.read_only = false,
+                "suid" => c.flags &= !libc::MS_NOSUID,
+                "nosuid" => c.flags |= libc::MS_NOSUID,
+                "dev" => c.flags &= !libc::MS_NODEV,
+                "nodev" => c.flags |= libc::MS_NODEV,
+                "exec" => c.flags &= !libc::MS_NOEXEC,
+                "noexec" => c.flags |= libc::MS_NOEXEC,
+                "relatime" | "atime" | "diratime" | "nodiratime" => c.atime = AtimeMode::Relatime,
+                "strictatime" | "norelatime" => c.atime = AtimeMode::Strict,
+                "noatime" => c.atime = AtimeMode::Never,
+                "sync" | "dirsync" => {
+                    return Err(Error::unsupported(format!(
+                        "mount option {item} (writes are journaled; fsync or `uext4 sync` makes them durable)"
+                    )))
+                }
                 "allow_other" => c.allow_other = true,
                 "allow_root" => c.allow_root = true,
                 "default_permissions" => {}
@@ -274,9 +330,10 @@ impl Listeners {
         listeners
     }
 
-    fn tell(&self, ended: &Result<()>) {
+    /// `offset`: where the filesystem starts in the image, for umount's check.
+    fn tell(&self, ended: &Result<()>, offset: u64) {
         let text = match ended {
-            Ok(()) => "clean\n".to_string(),
+            Ok(()) => format!("clean offset={offset}\n"),
             Err(e) => format!("failed: {e}\n"),
         };
         for mut stream in self.0.lock().drain(..) {
@@ -310,8 +367,9 @@ fn serve(
     // sure its message and place reach the log once detached.
     std::panic::set_hook(Box::new(|info| report(&format!("panic: {info}"))));
     let listeners = Listeners::start(image);
+    let offset = config.opts.region.locate(&dev).map_or(0, |(start, _)| start);
     let ended = serve_session(image, dev, mountpoint, config, status, signals);
-    listeners.tell(&ended);
+    listeners.tell(&ended, offset);
     ended
 }
 
@@ -343,13 +401,13 @@ fn serve_session(
             io_error("io_uring=on: cannot switch on /sys/module/fuse/parameters/enable_uring".into(), e)
         })?;
     }
-    let dev = mount_fuse(image, mountpoint, read_only, config.allow_other, config.allow_root)
+    let dev = mount_fuse(image, mountpoint, read_only, config.flags, config.allow_other, config.allow_root)
         .map_err(|e| io_error(format!("cannot mount on {}", mountpoint.display()), e))?;
     let allowed = match (config.allow_other, config.allow_root) {
         (false, true) => Allowed::RootAndOwner(effective_ids().0),
         _ => Allowed::Everyone,
     };
-    let server = Arc::new(Uext4Fuse::new(fs.clone(), allowed, report));
+    let server = Arc::new(Uext4Fuse::new(fs.clone(), allowed, report).with_atime(config.atime));
     let target = mountpoint.to_path_buf();
     let abort_target = target.clone();
     let session = SessionConfig {
@@ -406,18 +464,21 @@ fn mount_fuse(
     image: &Path,
     mountpoint: &Path,
     read_only: bool,
+    flags: libc::c_ulong,
     allow_other: bool,
     allow_root: bool,
 ) -> std::io::Result<OwnedFd> {
     let others = allow_other || allow_root;
     if crate::fuse::server::is_root() {
-        if let Some(dev) = mount_directly(image, mountpoint, read_only, others)? {
+        if let Some(dev) = mount_directly(image, mountpoint, read_only, flags, others)? {
             return Ok(dev);
         }
     }
+    // fusermount3 makes a user's mount nosuid and nodev whatever it is told.
     let mut options = format!(
-        "{},nosuid,nodev,default_permissions,fsname={},subtype=uext4",
+        "{},nosuid,nodev,{},default_permissions,fsname={},subtype=uext4",
         if read_only { "ro" } else { "rw" },
+        if flags & libc::MS_NOEXEC != 0 { "noexec" } else { "exec" },
         image.display().to_string().replace(',', "\\,")
     );
     if others {
@@ -431,6 +492,7 @@ fn mount_directly(
     image: &Path,
     mountpoint: &Path,
     read_only: bool,
+    flags: libc::c_ulong,
     allow_other: bool,
 ) -> std::io::Result<Option<OwnedFd>> {
     let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
@@ -439,7 +501,7 @@ fn mount_directly(
     if allow_other {
         data.push_str(",allow_other");
     }
-    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+    let mut flags = flags;
     if read_only {
         flags |= libc::MS_RDONLY;
     }
@@ -723,7 +785,10 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         // A read-only mount wrote nothing: the image is as it found it.
         return Ok(());
     }
-    let sb = Filesystem::open(&image, Options::default())?.superblock();
+    // The daemon said where in the image the filesystem lies (-o offset, partition).
+    let offset = ending.split_once(" offset=").and_then(|(_, n)| n.parse().ok()).unwrap_or(0);
+    let region = if offset == 0 { uext4::dev::Region::Whole } else { uext4::dev::Region::Offset(offset) };
+    let sb = Filesystem::open(&image, Options { region, ..Options::default() })?.superblock();
     if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
         return Err(Error::Invalid(format!(
             "{} was left needing journal recovery: the daemon did not write everything back",
@@ -824,15 +889,29 @@ mod tests {
         assert!(c.opts.read_only);
         assert_eq!((c.threads, c.opts.commit_interval_secs, c.opts.extent_zeroout_len), (8, 30, 16));
         assert_eq!(parse_options(&["extent_max_zeroout_kb=32".into()]).unwrap().opts.extent_zeroout_len, 8);
-        assert!(parse_options(&["pdirops=off".into()]).is_ok());
-        let e = parse_options(&["pdirops=on".into()]).err().unwrap().to_string();
-        assert!(e.contains("pdirops=on") && e.contains("not implemented"), "{e}");
+        assert!(parse_options(&[]).unwrap().opts.pdirops, "pdirops is on by default");
+        assert!(!parse_options(&["pdirops=off".into()]).unwrap().opts.pdirops);
+        assert!(parse_options(&["pdirops=on".into()]).unwrap().opts.pdirops);
+        let e = parse_options(&["pdirops=maybe".into()]).err().unwrap().to_string();
+        assert!(e.contains("pdirops=maybe"), "{e}");
+        assert!(parse_options(&["inline_data=off".into()]).is_ok());
+        let e = parse_options(&["inline_data=on".into()]).err().unwrap().to_string();
+        assert!(e.contains("inline_data=on") && e.contains("not implemented"), "{e}");
         assert!(parse_options(&["nosuchoption".into()]).err().unwrap().to_string().contains("nosuchoption"));
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert_eq!(parse_options(&[]).unwrap().uring, UringMode::Auto);
         assert_eq!(parse_options(&["io_uring".into()]).unwrap().uring, UringMode::On);
         assert_eq!(parse_options(&["io_uring=off".into()]).unwrap().uring, UringMode::Off);
         assert!(parse_options(&["io_uring=fast".into()]).err().unwrap().to_string().contains("io_uring=fast"));
+        let fstab: Vec<String> =
+            "defaults,noauto,user,nofail,_netdev,x-systemd.automount,comment=x,dev,suid,noexec,noatime"
+                .split(',')
+                .map(Into::into)
+                .collect();
+        let c = parse_options(&fstab).unwrap();
+        assert_eq!((c.flags, c.atime), (libc::MS_NOEXEC, AtimeMode::Never));
+        assert_eq!(parse_options(&[]).unwrap().flags, libc::MS_NOSUID | libc::MS_NODEV);
+        assert!(parse_options(&["sync".into()]).is_err());
     }
 
     #[test]

@@ -20,17 +20,19 @@ use std::time::{Duration, Instant};
 use uext4::format::inode::{Timestamp, S_IFBLK, S_IFCHR, S_IFIFO};
 use uext4::{Error, Filesystem, Owner, Result, SetAttr};
 
-struct Importer<'a> {
-    fs: &'a Filesystem,
-    recursive: bool,
+pub(crate) struct Importer<'a> {
+    pub(crate) fs: &'a Filesystem,
+    pub(crate) recursive: bool,
     /// Host (device, inode) of multiply-linked files -> their inode in the image.
-    links: HashMap<(u64, u64), u32>,
-    files: u64,
-    bytes: u64,
-    progress: Option<Instant>,
+    pub(crate) links: HashMap<(u64, u64), u32>,
+    pub(crate) files: u64,
+    pub(crate) bytes: u64,
+    pub(crate) progress: Option<Instant>,
+    /// The copy buffer, reused from file to file.
+    pub(crate) buf: Vec<u8>,
 }
 
-fn host_error(path: &Path, e: std::io::Error) -> Error {
+pub(crate) fn host_error(path: &Path, e: std::io::Error) -> Error {
     Error::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
@@ -58,6 +60,66 @@ fn host_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
     out
 }
 
+/// A host file's atime and mtime for its copy. With a fixed time
+/// (SOURCE_DATE_EPOCH) both are clamped to it, as reproducible builds clamp
+/// mtimes, and atime, which reading the tree moves between runs, is the
+/// clamped mtime; ctime is the fixed time itself (the library stamps it).
+fn host_times(md: &std::fs::Metadata) -> SetAttr {
+    let t = |sec: i64, nsec: i64| Timestamp { sec, nsec: nsec as u32 };
+    let (atime, mtime) = (t(md.atime(), md.atime_nsec()), t(md.mtime(), md.mtime_nsec()));
+    let (atime, mtime) = match uext4::clock::fixed_time() {
+        None => (atime, mtime),
+        Some(fixed) => {
+            let mtime = if (mtime.sec, mtime.nsec) > (fixed, 0) { t(fixed, 0) } else { mtime };
+            (mtime, mtime)
+        }
+    };
+    SetAttr { atime: Some(atime), mtime: Some(mtime), ..Default::default() }
+}
+
+/// Fills the root of a new filesystem with the contents of host directory
+/// `src`, as mkfs.ext4 -d does: the root takes `src`'s mode, owner and times,
+/// and an empty `lost+found` in `src` is the one mkfs made.
+pub fn populate(fs: &Filesystem, src: &Path) -> Result<()> {
+    let md = std::fs::metadata(src).map_err(|e| host_error(src, e))?;
+    if !md.is_dir() {
+        return Err(Error::NotADirectory(format!("{} (mkfs -d wants a directory)", src.display())));
+    }
+    let mut im = Importer {
+        fs,
+        recursive: true,
+        links: HashMap::new(),
+        files: 0,
+        bytes: 0,
+        progress: std::io::stderr().is_terminal().then(Instant::now),
+        buf: Vec::new(),
+    };
+    let mut entries: Vec<_> = std::fs::read_dir(src)
+        .map_err(|e| host_error(src, e))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| host_error(src, e))?;
+    entries.sort();
+    for child in entries {
+        let path = src.join(&child);
+        if child == "lost+found" && std::fs::read_dir(&path).is_ok_and(|mut d| d.next().is_none()) {
+            continue;
+        }
+        im.copy(&path, uext4::ROOT_INO, child.as_bytes())?;
+    }
+    let root = SetAttr {
+        perm: Some((md.mode() & 0o7777) as u16),
+        uid: Some(md.uid()),
+        gid: Some(md.gid()),
+        ..host_times(&md)
+    };
+    fs.setattr(uext4::ROOT_INO, &root)?;
+    if im.progress.is_some() {
+        eprintln!("\r{} files, {} MiB copied", im.files, im.bytes >> 20);
+    }
+    Ok(())
+}
+
 impl Importer<'_> {
     fn tick(&mut self) {
         self.files += 1;
@@ -71,7 +133,7 @@ impl Importer<'_> {
     }
 
     /// Copies host `src` to `name` in image directory `parent`.
-    fn copy(&mut self, src: &Path, parent: u32, name: &[u8]) -> Result<()> {
+    pub(crate) fn copy(&mut self, src: &Path, parent: u32, name: &[u8]) -> Result<()> {
         let md = std::fs::symlink_metadata(src).map_err(|e| host_error(src, e))?;
         let owner = Owner { uid: md.uid(), gid: md.gid() };
         let perm = (md.mode() & 0o7777) as u16;
@@ -89,13 +151,7 @@ impl Importer<'_> {
                 return Err(Error::Invalid(format!("{} is a directory (use -r)", src.display())));
             }
             let ino = self.fs.mkdir(parent, name, perm, owner)?.ino;
-            let mut entries: Vec<_> = std::fs::read_dir(src)
-                .map_err(|e| host_error(src, e))?
-                .map(|e| e.map(|e| e.file_name()))
-                .collect::<std::io::Result<_>>()
-                .map_err(|e| host_error(src, e))?;
-            entries.sort();
-            for child in entries {
+            for child in host_children(src)? {
                 self.copy(&src.join(&child), ino, child.as_bytes())?;
             }
             ino
@@ -132,6 +188,14 @@ impl Importer<'_> {
         if !ft.is_dir() && md.nlink() > 1 {
             self.links.insert(key, ino);
         }
+        self.finish(src, &md, ino)
+    }
+
+    /// A copied node's extended attributes, permission bits and times (after a
+    /// directory's contents, since writing into it changes them).
+    pub(crate) fn finish(&mut self, src: &Path, md: &std::fs::Metadata, ino: u32) -> Result<()> {
+        let ft = md.file_type();
+        let perm = (md.mode() & 0o7777) as u16;
         for (xname, value) in host_xattrs(src) {
             if let Err(e) = self.fs.set_xattr(ino, &xname, &value, 0) {
                 eprintln!(
@@ -142,13 +206,7 @@ impl Importer<'_> {
                 );
             }
         }
-        let t = |sec: i64, nsec: i64| Some(Timestamp { sec, nsec: nsec as u32 });
-        let times = SetAttr {
-            perm: if ft.is_symlink() { None } else { Some(perm) },
-            atime: t(md.atime(), md.atime_nsec()),
-            mtime: t(md.mtime(), md.mtime_nsec()),
-            ..Default::default()
-        };
+        let times = SetAttr { perm: if ft.is_symlink() { None } else { Some(perm) }, ..host_times(md) };
         self.fs.setattr(ino, &times)?;
         self.tick();
         Ok(())
@@ -156,12 +214,27 @@ impl Importer<'_> {
 
     fn copy_data(&mut self, src: &Path, ino: u32, len: u64) -> Result<()> {
         let f = std::fs::File::open(src).map_err(|e| host_error(src, e))?;
-        let mut buf = vec![0u8; 1 << 20];
+        // One buffer for the whole copy: a fresh zeroed MiB per file cost more
+        // than copying a small file does.
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(1 << 20, 0);
+        let copied = self.copy_runs(src, &f, ino, len, &mut buf);
+        self.buf = buf;
+        copied?;
+        // Trailing zeros stay a hole: only the size moves.
+        if self.fs.stat(ino)?.size < len {
+            self.fs.setattr(ino, &SetAttr { size: Some(len), ..Default::default() })?;
+        }
+        Ok(())
+    }
+
+    /// Copies the data runs of `f` (holes skipped) through `buf`.
+    fn copy_runs(&mut self, src: &Path, f: &std::fs::File, ino: u32, len: u64, buf: &mut [u8]) -> Result<()> {
         let mut off = 0u64;
         while off < len {
             // The host's holes are skipped whole (a sparse file of terabytes is
             // not read as zeros); a host without SEEK_DATA reads everything.
-            let Some((data, hole)) = next_data(&f, off, len).map_err(|e| host_error(src, e))? else { break };
+            let Some((data, hole)) = next_data(f, off, len).map_err(|e| host_error(src, e))? else { break };
             off = data;
             while off < hole {
                 let want = ((hole - off) as usize).min(buf.len());
@@ -176,10 +249,6 @@ impl Importer<'_> {
             if off < hole {
                 break;
             }
-        }
-        // Trailing zeros stay a hole: only the size moves.
-        if self.fs.stat(ino)?.size < len {
-            self.fs.setattr(ino, &SetAttr { size: Some(len), ..Default::default() })?;
         }
         Ok(())
     }
@@ -207,6 +276,17 @@ impl Importer<'_> {
     }
 }
 
+/// The names in host directory `src`, sorted (the order the copy makes them in).
+pub(crate) fn host_children(src: &Path) -> Result<Vec<std::ffi::OsString>> {
+    let mut entries: Vec<_> = std::fs::read_dir(src)
+        .map_err(|e| host_error(src, e))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| host_error(src, e))?;
+    entries.sort();
+    Ok(entries)
+}
+
 /// The next stretch of `f` that may hold data at or after `off`: (start, end),
 /// or None when only a hole remains before `len`.
 fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u64, u64)>> {
@@ -232,8 +312,8 @@ fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u
 /// cp's rule for the destination: into an existing directory under each source's
 /// own name, else (one source) as the destination name itself. Every source and the
 /// destination are checked before the first file is copied.
-pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool) -> CliResult<()> {
-    check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive))
+pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool, jobs: usize) -> CliResult<()> {
+    check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive, jobs))
 }
 
 fn copy_in_pass(
@@ -242,6 +322,7 @@ fn copy_in_pass(
     sources: &[std::path::PathBuf],
     dest: &Target,
     recursive: bool,
+    jobs: usize,
 ) -> CliResult<()> {
     let cannot = || format!("cp: cannot copy into {}", dest.quoted());
     let resolved = resolve(fs, dest).context(cannot)?;
@@ -308,6 +389,7 @@ fn copy_in_pass(
         files: 0,
         bytes: 0,
         progress: std::io::stderr().is_terminal().then(Instant::now),
+        buf: Vec::new(),
     };
     for src in sources {
         let name = match &name {
@@ -316,7 +398,13 @@ fn copy_in_pass(
         };
         let context =
             || format!("cp: cannot copy {} to {}", crate::show::quoted(&src.display().to_string()), dest.quoted());
-        im.copy(src, dir, name).context(context)?;
+        if jobs > 1 && recursive && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir()) {
+            let (files, bytes) = crate::put_parallel::copy_tree(fs, src, dir, name, jobs).context(context)?;
+            im.files += files;
+            im.bytes += bytes;
+        } else {
+            im.copy(src, dir, name).context(context)?;
+        }
     }
     if im.progress.is_some() {
         eprintln!("\r{} files, {} MiB copied", im.files, im.bytes >> 20);

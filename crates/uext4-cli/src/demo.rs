@@ -165,7 +165,7 @@ fn run_in(dir: &Path, a: &DemoArgs) -> Result<()> {
         v.sort();
         v
     };
-    crate::cmd_put::copy_in(&sources, &Target { image: image.clone(), path: b"/".to_vec() }, true)
+    crate::cmd_put::copy_in(&sources, &Target { image: image.clone(), path: b"/".to_vec() }, true, 1)
         .map_err(|f| Error::Invalid(f.to_string()))?;
     println!("    copied in {:.2} s", started.elapsed().as_secs_f64());
     e2fsck(&image)?;

@@ -14,10 +14,12 @@ mod cmd_put;
 mod cmd_stats;
 mod demo;
 mod fuse;
+mod put_parallel;
 mod show;
 mod target;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -25,6 +27,12 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The filesystem starts this many bytes into the image (K, M, G suffixes allowed)
+    #[arg(long, global = true, value_parser = cmd_mkfs::parse_size, conflicts_with = "partition")]
+    offset: Option<u64>,
+    /// The filesystem is partition N (from 1) of the image's MBR or GPT table
+    #[arg(long, global = true)]
+    partition: Option<u32>,
 }
 
 #[derive(Subcommand)]
@@ -75,8 +83,68 @@ enum Command {
     Bench(uext4_bench::BenchArgs),
 }
 
+/// The FUSE mount helper convention: mount(8) runs mount.fuse3 for a
+/// `fuse.uext4` line, and mount.fuse3 runs `uext4 IMAGE DIR -o OPTS` (and a
+/// `mount.fuse.uext4` link to this binary is run as `mount.fuse.uext4 IMAGE
+/// DIR -o OPTS [-t TYPE] [-n] [-s] [-v]`): both become `uext4 mount IMAGE DIR
+/// -o OPTS`. A first operand that names a subcommand or an option is left for
+/// clap, so `uext4 ls IMG` keeps its meaning; an image file called `ls` must be
+/// given as `./ls`.
+/// A typo of a subcommand followed by operands stays clap's error, as the
+/// convention's second operand must be a directory.
+fn helper_convention(args: Vec<OsString>) -> Vec<OsString> {
+    let as_helper = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|name| name.to_string_lossy().starts_with("mount."));
+    let first = args.get(1).map(|a| a.to_string_lossy().into_owned());
+    let names_subcommand = |a: &str| Cli::command().find_subcommand(a).is_some() || a == "help";
+    let on_dir = args.get(2).is_some_and(|d| std::path::Path::new(d).is_dir());
+    let operands = match &first {
+        Some(a) if as_helper || (!a.starts_with('-') && !names_subcommand(a)) => on_dir,
+        _ => false,
+    };
+    if !operands {
+        return args;
+    }
+    let mut out: Vec<OsString> = vec!["uext4".into(), "mount".into()];
+    let mut rest = args.into_iter().skip(1);
+    while let Some(a) = rest.next() {
+        match a.to_str() {
+            // mount(8)'s helper flags: the type is known, there is no mtab to
+            // skip, and sloppy or verbose change nothing here.
+            Some("-t") => {
+                rest.next();
+            }
+            Some("-n" | "-s" | "-v") => {}
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+/// SOURCE_DATE_EPOCH, the reproducible-builds convention: when set, every
+/// time uext4 stamps is that second (see `uext4::clock`).
+fn honour_source_date_epoch() -> std::result::Result<(), String> {
+    let Some(value) = std::env::var_os("SOURCE_DATE_EPOCH") else { return Ok(()) };
+    let text = value.to_string_lossy();
+    let seconds: i64 =
+        text.trim().parse().map_err(|_| format!("SOURCE_DATE_EPOCH={text}: want a number of seconds since 1970"))?;
+    uext4::clock::set_fixed_time(Some(seconds));
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    if let Err(e) = honour_source_date_epoch() {
+        eprintln!("uext4: {e}");
+        return ExitCode::from(1);
+    }
+    let cli = Cli::parse_from(helper_convention(std::env::args_os().collect()));
+    target::set_region(match (cli.offset, cli.partition) {
+        (Some(offset), _) => uext4::dev::Region::Offset(offset),
+        (None, Some(n)) => uext4::dev::Region::Partition(n),
+        (None, None) => uext4::dev::Region::Whole,
+    });
     let result: show::CliResult<()> = match cli.command {
         Command::Info(a) => cmd_info::run(a),
         Command::Ls(a) => cmd_ls::run_ls(a),

@@ -142,6 +142,32 @@ pub fn resolve(fs: &Filesystem, t: &Target) -> Result<Resolved> {
     Ok(Resolved { dir, last, ino, trailing_slash })
 }
 
+/// Where in every image operand the filesystem lies (`--offset`, `--partition`):
+/// set once from the command line before any image is opened.
+static REGION: std::sync::OnceLock<uext4::dev::Region> = std::sync::OnceLock::new();
+
+pub fn set_region(region: uext4::dev::Region) {
+    let _ = REGION.set(region);
+}
+
+/// The region `--offset` or `--partition` named (the whole image otherwise).
+pub fn region() -> uext4::dev::Region {
+    REGION.get().copied().unwrap_or_default()
+}
+
+/// Writable opens bypass the journal (`cp --reproducible`): set before any open.
+static BYPASS_JOURNAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_bypass_journal() {
+    BYPASS_JOURNAL.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Options for opening an image given on the command line.
+pub fn options(read_only: bool) -> Options {
+    let bypass_journal = BYPASS_JOURNAL.load(std::sync::atomic::Ordering::Relaxed);
+    Options { read_only, region: region(), bypass_journal, ..Options::default() }
+}
+
 /// Options shared by the reading subcommands.
 #[derive(clap::Args, Clone, Debug)]
 pub struct OpenArgs {
@@ -164,12 +190,7 @@ impl Default for OpenArgs {
 pub fn open_ro(image: &std::path::Path, args: &OpenArgs) -> Result<Filesystem> {
     let fs = Filesystem::open(
         image,
-        Options {
-            read_only: true,
-            ignore_checksums: args.ignore_checksums,
-            cache_mb: args.cache_mb,
-            ..Options::default()
-        },
+        Options { ignore_checksums: args.ignore_checksums, cache_mb: args.cache_mb, ..options(true) },
     )?;
     warn_if_in_use(image, &fs);
     Ok(fs)
@@ -233,7 +254,7 @@ pub fn check_then_apply(
     // A mounted image's disk copy may lag what its holder serves, so the check
     // pass would judge stale state: who holds it is the first refusal.
     uext4::dev::check_unused(image).map_err(opened)?;
-    let fs = Filesystem::open(image, Options::default()).map_err(opened)?;
+    let fs = Filesystem::open(image, options(true)).map_err(opened)?;
     body(&fs, Pass::Check)?;
     drop(fs);
     let fs = open_rw(image).map_err(opened)?;
@@ -252,7 +273,7 @@ pub fn check_then_apply(
 
 /// Opens an image writable for the editing commands.
 pub fn open_rw(image: &std::path::Path) -> Result<Filesystem> {
-    Filesystem::open(image, Options { read_only: false, ..Options::default() })
+    Filesystem::open(image, options(false))
 }
 
 pub fn parse_target(s: &str) -> std::result::Result<Target, String> {

@@ -51,9 +51,19 @@ fn quick_bench_runs_every_workload_on_every_available_target() {
         return;
     }
     let names = workload_names();
-    for expected in
-        ["smallfiles", "tree", "seqio", "randwrite", "randwrite-fsync", "untar", "populate", "fsync-files", "parallel"]
-    {
+    for expected in [
+        "smallfiles",
+        "tree",
+        "seqio",
+        "randwrite",
+        "randwrite-fsync",
+        "untar",
+        "populate",
+        "fsync-files",
+        "parallel",
+        "crunl",
+        "rndrename",
+    ] {
         assert!(names.iter().any(|n| n == expected), "bench list lacks {expected}: {names:?}");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -221,4 +231,51 @@ fn bench_reports_the_io_model_for_targets_with_tunables() {
     assert!(markdown.contains("| files | uext4:dir_ireserve=low |"), "{markdown}");
     assert!(markdown.contains("HDD model s"), "{markdown}");
     assert!(markdown.contains("Load average"), "{markdown}");
+}
+
+/// Seed 002's benchmarks: every sample names its thread count, on a target
+/// that carries pdirops=off as on the default one.
+#[test]
+fn bench_records_threads_for_seed_002s_workloads() {
+    if !have("mkfs.ext4") {
+        assert!(!oracles_required(), "e2fsprogs is required");
+        eprintln!("SKIPPED: the bench needs mkfs.ext4 and e2fsck");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let targets = "uext4,uext4:pdirops=off";
+    let args = [
+        "bench",
+        "crunl",
+        "rndrename",
+        "--quick",
+        "--runs",
+        "1",
+        "--targets",
+        targets,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = uext4(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    for workload in ["crunl", "rndrename"] {
+        for target in ["uext4", "uext4:pdirops=off"] {
+            for threads in [1, 2, 4] {
+                let phase = format!("T={threads}");
+                let found = json["samples"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|s| s["workload"] == workload && s["target"] == target && s["phase"] == phase.as_str());
+                let s = found.unwrap_or_else(|| panic!("no {workload} {phase} sample of {target}: {json}"));
+                assert_eq!(s["threads"], threads, "{s}");
+                assert!(s["ops"].as_u64().unwrap() > 0, "{s}");
+            }
+        }
+    }
+    let markdown = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    assert!(markdown.contains("| T=2 | uext4:pdirops=off |"), "{markdown}");
 }

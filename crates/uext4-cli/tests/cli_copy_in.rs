@@ -167,3 +167,121 @@ fn a_sparse_file_past_the_largest_file_size_is_refused_whole() {
     std::os::unix::fs::FileExt::read_exact_at(&f, &mut tail, max - 7).unwrap();
     assert_eq!(&tail, b"the end");
 }
+
+/// What a copy must carry over, per path, as the kernel's loop mount shows it:
+/// type and mode, owner, size (not a directory's: its blocks follow the order
+/// names were added), mtime in ns (directories too), link count, hard-link
+/// partners, symlink target, device number, xattrs and a content digest.
+fn kernel_view(root: &Path) -> Vec<String> {
+    use sha2::Digest;
+    let mut out = Vec::new();
+    let mut partners: HashMap<u64, String> = HashMap::new();
+    let mut stack = vec![std::path::PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let path = root.join(&rel);
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        let detail = if m.file_type().is_symlink() {
+            std::fs::read_link(&path).unwrap().display().to_string()
+        } else if m.is_file() {
+            format!("{:x}", sha2::Sha256::digest(std::fs::read(&path).unwrap()))
+        } else {
+            String::new()
+        };
+        let first = if m.nlink() > 1 && !m.is_dir() {
+            partners.entry(m.ino()).or_insert_with(|| rel.display().to_string()).clone()
+        } else {
+            String::new()
+        };
+        let xattrs = Command::new("getfattr").args(["-h", "-d", "-m", "-", "--absolute-names"]).arg(&path).output();
+        let xattrs = xattrs.map(|o| String::from_utf8_lossy(&o.stdout).lines().skip(1).collect::<Vec<_>>().join(";"));
+        out.push(format!(
+            "{} {:o} {}:{} {} {}.{:09} {} {} {} {first} {}",
+            rel.display(),
+            m.mode(),
+            m.uid(),
+            m.gid(),
+            if m.is_dir() { 0 } else { m.size() },
+            m.mtime(),
+            m.mtime_nsec(),
+            m.nlink(),
+            m.rdev(),
+            detail,
+            xattrs.unwrap_or_default()
+        ));
+        if m.is_dir() {
+            let mut names: Vec<_> = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().file_name()).collect();
+            names.sort();
+            stack.extend(names.into_iter().map(|n| rel.join(n)));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `cp -r -j 4` leaves what `-j 1` leaves (inode numbers aside): a tree with an
+/// indexed directory of 3,000 files, nested directories, hard links across
+/// directories, symlinks, a fifo, a device node, a sparse file and xattrs, both
+/// copies judged by e2fsck -fn and compared through the kernel's loop mount,
+/// and each equal to the host tree by diff -r.
+#[test]
+fn copy_in_with_four_threads_equals_one_thread() {
+    if unsafe { libc::geteuid() } != 0 && skip("loop mounts need root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tree");
+    let big = src.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    for i in 0..3_000 {
+        std::fs::write(big.join(format!("file-{i:05}")), format!("content of file {i}\n").repeat(i % 7)).unwrap();
+    }
+    for d in 0..20 {
+        let sub = src.join(format!("sub-{d:02}/deeper"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for i in 0..30 {
+            std::fs::write(sub.join(format!("f{i}")), vec![d as u8; 5_000 * (i % 3)]).unwrap();
+        }
+        std::os::unix::fs::symlink(format!("../sub-{d:02}/deeper/f1"), src.join(format!("sub-{d:02}/link"))).unwrap();
+        std::fs::hard_link(big.join(format!("file-{:05}", d * 100)), src.join(format!("sub-{d:02}/hard"))).unwrap();
+    }
+    let sparse = std::fs::File::create(src.join("sparse")).unwrap();
+    sparse.set_len(10 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&sparse, b"middle", 5 << 20).unwrap();
+    run(Command::new("mkfifo").arg(src.join("fifo")));
+    run(Command::new("mknod").arg(src.join("null")).args(["c", "1", "3"]));
+    let _ = Command::new("setfattr").args(["-n", "user.note", "-v", "kept"]).arg(big.join("file-00042")).status();
+    let _ = Command::new("setfattr").args(["-n", "user.dir", "-v", "also"]).arg(src.join("sub-03")).status();
+
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    let mut views = Vec::new();
+    for jobs in ["1", "4"] {
+        let image = dir.path().join(format!("j{jobs}.img"));
+        run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("256M"));
+        run(Command::new(bin).args(["cp", "-r", "-j", jobs]).arg(&src).arg(format!("{}:/", image.display())));
+        let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
+        assert!(
+            fsck.lines()
+                .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
+            "-j {jobs}: {fsck}"
+        );
+        let mnt = dir.path().join(format!("mnt{jobs}"));
+        std::fs::create_dir(&mnt).unwrap();
+        run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
+        let _guard = Mount(mnt.clone());
+        // diff -r cannot compare special files; kernel_view does.
+        let diff = Command::new("diff")
+            .args(["-r", "--no-dereference", "--exclude=fifo", "--exclude=null"])
+            .arg(&src)
+            .arg(mnt.join("tree"))
+            .output();
+        let diff = diff.unwrap();
+        assert!(diff.status.success(), "-j {jobs}: diff -r: {}", String::from_utf8_lossy(&diff.stdout));
+        views.push(kernel_view(&mnt.join("tree")));
+    }
+    assert!(views[0].len() > 3_600, "{} paths", views[0].len());
+    for (one, four) in views[0].iter().zip(&views[1]) {
+        assert_eq!(one, four, "-j 1 and -j 4 differ");
+    }
+    assert_eq!(views[0].len(), views[1].len());
+    assert!(views[0].iter().any(|l| l.contains("user.note=\"kept\"")), "the xattr was not seen");
+}

@@ -7,6 +7,9 @@
 
 use std::fmt;
 
+/// Everything uext4 can fail with: one variant per errno the kernel's ext4
+/// gives in the same case (`errno()` maps them), each with a message naming
+/// what was refused.
 #[derive(Debug)]
 pub enum Error {
     /// A path component or inode that does not exist.
@@ -53,13 +56,16 @@ pub enum Error {
     Io(std::io::Error),
 }
 
+/// A result whose error is uext4's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// A `Corrupt` error: `what` is wrong at `location`.
     pub fn corrupt(what: impl Into<String>, location: impl Into<String>) -> Error {
         Error::Corrupt { what: what.into(), location: location.into() }
     }
 
+    /// An `Unsupported` error naming `feature`.
     pub fn unsupported(feature: impl Into<String>) -> Error {
         Error::Unsupported { feature: feature.into() }
     }

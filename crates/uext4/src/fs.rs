@@ -54,8 +54,17 @@ pub use crate::volume::{group_has_superblock, Errors, Geometry};
 
 pub(crate) const INODE_CACHE_SHARDS: usize = 16;
 
+/// How to open a filesystem. `Default` opens read-only with a 256 MiB cache and
+/// the kernel's defaults; set `read_only: false` to change it.
+///
+/// ```
+/// let opts = uext4::Options { read_only: false, cache_mb: 64, ..uext4::Options::default() };
+/// assert!(!opts.read_only);
+/// ```
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// Open without writing anything (the default); a journal that needs recovery
+    /// is replayed in memory only.
     pub read_only: bool,
     /// Skip checksum verification (for reading damaged images).
     pub ignore_checksums: bool,
@@ -80,10 +89,24 @@ pub struct Options {
     /// Inode goals from the name hash in indexed directories (seed 003;
     /// `alloc::hash_goal`). Off by default.
     pub hash_goal: bool,
+    /// Parallel directory operations (seed 002; `ns::pdirops`): changes in an
+    /// indexed directory lock the names they touch, not the whole directory.
+    /// On by default.
+    pub pdirops: bool,
     /// Sees every device request, sorted by what it holds and priced on model
     /// disks (`dev::io_model`); for benchmarks. The model may outlive the
     /// filesystem (a reopen keeps counting).
+    #[doc(hidden)]
     pub io_model: Option<Arc<crate::dev::IoModel>>,
+    /// Where on the device the filesystem lies: all of it, from a byte offset,
+    /// or in partition N of an MBR or GPT table. Nothing outside it is read
+    /// or written.
+    pub region: crate::dev::Region,
+    /// A writable open of an image with a journal writes home directly and
+    /// leaves the journal empty, as mkfs.ext4 -d and libext2fs do: no crash
+    /// safety, but no log writes and nothing in the image that depends on when
+    /// commits happened (reproducible images, image building).
+    pub bypass_journal: bool,
 }
 
 impl Default for Options {
@@ -98,11 +121,17 @@ impl Default for Options {
             errors: None,
             dir_ireserve: crate::alloc::DirReserve::Off,
             hash_goal: false,
+            pdirops: true,
             io_model: None,
+            region: crate::dev::Region::Whole,
+            bypass_journal: false,
         }
     }
 }
 
+/// An opened ext4 filesystem: every operation takes `&self`, from any thread
+/// (see the crate's examples). Dropping it writes everything back (as
+/// [`Filesystem::sync`]) and lets go of the image.
 pub struct Filesystem {
     /// The device, cache, geometry, superblock, descriptors, journal and error state.
     pub(crate) vol: Arc<Volume>,
@@ -128,10 +157,22 @@ pub struct Filesystem {
     pub(crate) orphans: Mutex<crate::ns::orphan::Orphans>,
     /// The rename lock (lock order level 1): only cross-directory renames take it.
     pub(crate) rename_lock: Mutex<()>,
-    /// Directory name locks (level 2; one per directory until pdirops).
-    pub(crate) dir_locks: crate::locks::LockTable,
-    /// Inode locks (level 3), by inode number.
-    pub(crate) inode_locks: crate::locks::LockTable,
+    /// pdirops (seed 002): indexed directories take their changes by name.
+    pub(crate) pdirops: bool,
+    /// Directory locks (level 2a), by directory inode: shared by pdirops changes
+    /// in an indexed directory, exclusive for every other change of its names.
+    pub(crate) dir_locks: crate::locks::RwLockTable,
+    /// Name locks (level 2b), by (directory, hash slot of the name): what two
+    /// pdirops changes of one name meet on (exclusive), and what a lookup waits
+    /// on (shared) so that it sees a change of its name whole (ns/pdirops.rs).
+    pub(crate) name_locks: crate::locks::RwLockTable,
+    /// Inode locks (level 3), by inode number: exclusive to change an inode,
+    /// shared by changes of a directory's names (which only touch its times and
+    /// link count, under `attr_locks`).
+    pub(crate) inode_locks: crate::locks::RwLockTable,
+    /// A directory inode's short attribute updates (level 5b): times, link count
+    /// and, from a change holding its structure lock for writing, size and map.
+    pub(crate) attr_locks: crate::locks::LockTable,
     /// Directory structure locks (level 5), by directory inode: read to look up or
     /// list, write to change the directory's blocks, index or size, so that no
     /// reader sees a split or a conversion half made (dir/mod.rs).
@@ -225,12 +266,25 @@ impl Filesystem {
     /// exclusive lock until the filesystem is dropped, and is refused
     /// (`Error::Busy`) while the kernel or another uext4 process holds the image;
     /// a read-only open is not, and `in_use` says who else held it.
+    ///
+    /// # Errors
+    /// `Busy` when a writable open finds the image held (another uext4 process, the kernel); `Io` when
+    /// it cannot be opened or read; `Corrupt` for a damaged superblock, descriptors or journal;
+    /// `Unsupported` for features this build does not handle (named); `Invalid` when `Options::region`
+    /// names no part of the image; `ReadOnly` when a writable open is refused (an image the kernel
+    /// would only mount read-only).
     pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Filesystem> {
         let dev = FileDevice::open(path.as_ref(), !opts.read_only)?;
         Self::open_device(Arc::new(dev), opts)
     }
 
+    /// Opens the filesystem on any [`BlockDevice`]: a memory image, a partition, a
+    /// device with fault injection.
+    ///
+    /// # Errors
+    /// As [`Filesystem::open`], less the image lock (the caller owns `dev`).
     pub fn open_device(dev: Arc<dyn BlockDevice>, opts: Options) -> Result<Filesystem> {
+        let dev = crate::dev::BoundedDevice::open(dev, opts.region)?;
         let dev: Arc<dyn BlockDevice> = match &opts.io_model {
             Some(model) => Arc::new(crate::dev::TracedDevice::new(dev, model.clone())),
             None => dev,
@@ -243,7 +297,22 @@ impl Filesystem {
             ));
         }
         dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
-        let sb = Superblock::parse(&raw, !opts.ignore_checksums)?;
+        let sb = Superblock::parse(&raw, !opts.ignore_checksums).map_err(|e| match e {
+            // A whole-disk image (a VM disk) has its filesystems in partitions.
+            Error::Corrupt { what, location }
+                if opts.region == crate::dev::Region::Whole
+                    && crate::dev::starts_with_partition_table(dev.as_ref()) =>
+            {
+                Error::Corrupt {
+                    what: format!(
+                        "{what}; the device starts with a partition table: open one of its partitions \
+                         (Options::region; the CLI's --partition N)"
+                    ),
+                    location,
+                }
+            }
+            e => e,
+        })?;
 
         let unknown_incompat = sb.s_feature_incompat & !INCOMPAT_SUPPORTED;
         if unknown_incompat != 0 {
@@ -336,8 +405,11 @@ impl Filesystem {
             open_files: Mutex::new(HashMap::new()),
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
-            dir_locks: crate::locks::LockTable::default(),
-            inode_locks: crate::locks::LockTable::default(),
+            pdirops: opts.pdirops,
+            dir_locks: crate::locks::RwLockTable::default(),
+            name_locks: crate::locks::RwLockTable::default(),
+            inode_locks: crate::locks::RwLockTable::default(),
+            attr_locks: crate::locks::LockTable::default(),
             dir_structure: crate::locks::RwLockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inode_cache_shard_capacity: shard_capacity,
@@ -381,7 +453,12 @@ impl Filesystem {
         let orphans = self.pending_orphans()?;
         let interval = std::time::Duration::from_secs(opts.commit_interval_secs.max(1));
         let vol = &self.vol;
-        if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
+        if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) && opts.bypass_journal {
+            // The journal's blocks stay metadata (never allocated, classified);
+            // the log itself is left as the open found it: empty.
+            vol.register_journal_blocks(&self.journal_block_map()?);
+            vol.set_writeback(vol.cache.start_writeback(interval)?);
+        } else if vol.sb.read().has_compat(COMPAT_HAS_JOURNAL) {
             let map = self.journal_block_map()?;
             vol.register_journal_blocks(&map);
             let view = Arc::new(JournalView {
@@ -436,25 +513,30 @@ impl Filesystem {
         Ok(())
     }
 
+    #[doc(hidden)]
     /// Where group `group`'s descriptor lives: (block, byte offset in it).
     pub fn group_desc_location(sb: &Superblock, group: u32) -> (u64, usize) {
         crate::volume::group_desc_location(sb, group)
     }
 
+    #[doc(hidden)]
     pub fn geometry(&self) -> &Geometry {
         &self.vol.geo
     }
 
+    #[doc(hidden)]
     /// The storage under the filesystem (device, cache, superblock, descriptors,
     /// journal): what the lower layers are built on.
     pub fn volume(&self) -> &Arc<Volume> {
         &self.vol
     }
 
+    #[doc(hidden)]
     pub fn superblock(&self) -> Superblock {
         self.vol.sb.read().clone()
     }
 
+    #[doc(hidden)]
     pub fn group_desc(&self, group: u32) -> Option<GroupDesc> {
         self.vol.groups.get(group as usize).map(|g| g.read().clone())
     }
@@ -465,6 +547,8 @@ impl Filesystem {
         self.vol.errors.behaviour()
     }
 
+    /// Whether changes are refused: a read-only open, one forced read-only (see
+    /// `read_only_reason`), or an error that made the filesystem read-only.
     pub fn is_read_only(&self) -> bool {
         self.vol.is_read_only()
     }
@@ -474,6 +558,7 @@ impl Filesystem {
         self.vol.errors.has_failed()
     }
 
+    #[doc(hidden)]
     /// Something outside the library (a frontend's bug, a panic between requests)
     /// has left the filesystem's state in doubt: abort the journal, so nothing
     /// not yet committed becomes durable, and enter the error state, as the
@@ -482,6 +567,7 @@ impl Filesystem {
         self.vol.fail_operation(why);
     }
 
+    #[doc(hidden)]
     /// Starts a handle for a change touching up to `credits` metadata blocks (see
     /// journal/handle.rs). Outside any handle, when space is short and blocks freed
     /// by uncommitted transactions would relieve it, their commit lands first.
@@ -498,19 +584,23 @@ impl Filesystem {
         self.vol.begin(credits)
     }
 
+    /// Free blocks now (the reserved ones included).
     pub fn free_blocks(&self) -> u64 {
         self.alloc.free_blocks()
     }
 
+    /// Free inodes now.
     pub fn free_inodes(&self) -> u64 {
         self.alloc.free_inodes()
     }
 
+    #[doc(hidden)]
     /// The inode windows directories hold now (`dir_ireserve`), by directory.
     pub fn inode_windows(&self) -> Vec<(u32, crate::alloc::Window)> {
         self.alloc.policy().windows()
     }
 
+    #[doc(hidden)]
     /// The hash span of directory `dir` (`hash_goal`), if one is in memory.
     pub fn hash_span(&self, dir: u32) -> Option<crate::alloc::hash_goal::Span> {
         self.alloc.policy().hash_span(dir)
@@ -523,6 +613,7 @@ impl Filesystem {
         crate::alloc::acting_as(who)
     }
 
+    #[doc(hidden)]
     /// Whether `who` may take the reserved blocks.
     pub fn may_use_reserved(&self, who: Owner) -> bool {
         self.alloc.may_use_reserved(who)
@@ -558,20 +649,25 @@ impl Filesystem {
         self.vol.cache.device().in_use()
     }
 
+    /// Why a writable open was made read-only (an unknown ro_compat feature, a
+    /// descriptor checksum...); empty when it was not.
     pub fn read_only_reason(&self) -> &str {
         self.vol.read_only_reason()
     }
 
+    #[doc(hidden)]
     /// Damage found at open that a read-only open goes on with, if any.
     pub fn damage_at_open(&self) -> Option<&str> {
         self.vol.damage_at_open()
     }
 
+    #[doc(hidden)]
     /// How many blocks the journal replay (in memory) supplied at open; 0 if none.
     pub fn replayed_journal_blocks(&self) -> usize {
         self.replayed_journal_blocks
     }
 
+    #[doc(hidden)]
     pub fn cache(&self) -> &BufferCache {
         &self.vol.cache
     }
@@ -635,6 +731,10 @@ impl Filesystem {
 
     /// Writes the superblock's counters and every change home (through the journal
     /// when there is one, leaving it empty), then flushes the device.
+    ///
+    /// # Errors
+    /// `Io` (EIO) once the filesystem has failed (a journal abort, an error recorded), or when the
+    /// device fails.
     pub fn sync(&self) -> Result<()> {
         if self.vol.opened_read_only() {
             return Ok(());
@@ -676,7 +776,7 @@ impl Filesystem {
     pub(crate) fn compact_split_extent_trees(&self) -> Result<()> {
         let to_compact: Vec<u32> = self.extent_compact.lock().drain().collect();
         for ino in to_compact {
-            let _lock = self.inode_locks.lock(ino as u64);
+            let _lock = self.inode_locks.write(ino as u64);
             let mut inode = (*self.inode(ino)?).clone();
             if inode.i_links_count == 0 {
                 continue;

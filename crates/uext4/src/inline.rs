@@ -9,6 +9,7 @@ use crate::format::xattr::{self, INDEX_SYSTEM};
 use crate::fs::Filesystem;
 
 impl Filesystem {
+    #[doc(hidden)]
     /// The inline bytes: i_block followed by the system.data value, as stored.
     pub fn inline_data(&self, ino: u32, inode: &Inode) -> Result<Vec<u8>> {
         let mut data = inode.i_block.to_vec();

@@ -16,6 +16,7 @@ use crate::journal::handle::Handle;
 use std::sync::Arc;
 
 impl Filesystem {
+    #[doc(hidden)]
     /// The inode, parsed and checksum-verified once, then cached.
     pub fn inode(&self, ino: u32) -> Result<Arc<Inode>> {
         if ino == 0 || ino > self.vol.geo.inodes_count {
@@ -107,6 +108,7 @@ impl Filesystem {
         crate::format::inode::inode_csum_seed(self.vol.geo.csum_seed, ino, inode.i_generation)
     }
 
+    #[doc(hidden)]
     /// Writes `inode` to its slot in the inode table and makes it the cached copy.
     /// An inode without links may be on the orphan chain, whose link lives in its
     /// i_dtime: that is stamped from the chain, under the orphans lock, so a

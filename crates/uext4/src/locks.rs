@@ -7,7 +7,8 @@
 //! different inodes do not meet on one mutex just to find their lock.
 //!
 //! Callers that take several must take them in ascending key order (the lock order
-//! of docs/ARCHITECTURE.md); `lock_many` and `write_many` do that for them.
+//! of docs/ARCHITECTURE.md); `lock_many`, `write_many` and `lock_modes` do that
+//! for them.
 
 use parking_lot::{ArcMutexGuard, ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawMutex, RawRwLock, RwLock};
 use std::collections::HashMap;
@@ -104,6 +105,13 @@ enum RwGuard {
     Write(#[allow(dead_code)] ArcRwLockWriteGuard<RawRwLock, ()>),
 }
 
+/// How a key of an `RwLockTable` is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    Shared,
+    Exclusive,
+}
+
 /// A read or write hold on one key's lock.
 pub struct RwHeld<'a> {
     table: &'a RwLockTable,
@@ -122,12 +130,41 @@ impl RwLockTable {
         RwHeld { table: self, key, guard: Some(RwGuard::Write(RwLock::write_arc(&l))) }
     }
 
+    /// Takes the lock of `key` for writing only if nobody holds it.
+    pub fn try_write(&self, key: u64) -> Option<RwHeld<'_>> {
+        let l = self.locks.get(key);
+        let guard = RwLock::try_write_arc(&l);
+        drop(l);
+        match guard {
+            Some(g) => Some(RwHeld { table: self, key, guard: Some(RwGuard::Write(g)) }),
+            None => {
+                self.locks.release(key);
+                None
+            }
+        }
+    }
+
+    pub fn lock(&self, key: u64, mode: Mode) -> RwHeld<'_> {
+        match mode {
+            Mode::Shared => self.read(key),
+            Mode::Exclusive => self.write(key),
+        }
+    }
+
     /// Write-locks every distinct key, in ascending order.
     pub fn write_many(&self, keys: &[u64]) -> Vec<RwHeld<'_>> {
+        let keys: Vec<(u64, Mode)> = keys.iter().map(|&k| (k, Mode::Exclusive)).collect();
+        self.lock_modes(&keys)
+    }
+
+    /// Locks every distinct key in ascending order, each in the strongest mode
+    /// it is asked for (a key asked for shared and exclusive is held exclusive).
+    pub fn lock_modes(&self, keys: &[(u64, Mode)]) -> Vec<RwHeld<'_>> {
         let mut keys = keys.to_vec();
-        keys.sort_unstable();
-        keys.dedup();
-        keys.into_iter().map(|k| self.write(k)).collect()
+        // Ascending key, exclusive first within a key, so dedup keeps it.
+        keys.sort_unstable_by_key(|&(k, m)| (k, std::cmp::Reverse(m)));
+        keys.dedup_by_key(|(k, _)| *k);
+        keys.into_iter().map(|(k, m)| self.lock(k, m)).collect()
     }
 }
 
@@ -158,6 +195,12 @@ mod tests {
         let w = rw.write_many(&[9, 3, 9]);
         assert_eq!(w.iter().map(|h| h.key).collect::<Vec<_>>(), [3, 9]);
         drop(w);
+        let mixed = rw.lock_modes(&[(5, Mode::Shared), (4, Mode::Shared), (5, Mode::Exclusive)]);
+        assert_eq!(mixed.iter().map(|h| h.key).collect::<Vec<_>>(), [4, 5]);
+        assert!(matches!(mixed[1].guard, Some(RwGuard::Write(_))), "5 is held exclusive");
+        assert!(rw.try_write(5).is_none() && rw.try_write(4).is_none());
+        drop(mixed);
+        assert!(rw.try_write(4).is_some());
         assert!(rw.locks.shards.iter().all(|s| s.lock().is_empty()));
     }
 }

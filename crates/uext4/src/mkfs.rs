@@ -23,7 +23,9 @@ use crate::fs::group_has_superblock;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The smallest filesystem mkfs makes (8 MiB).
 pub const MIN_SIZE: u64 = 8 << 20;
+/// The largest filesystem mkfs makes (1 TiB).
 pub const MAX_SIZE: u64 = 1 << 40;
 const ROOT_INO: u32 = 2;
 const JOURNAL_INO: u32 = 8;
@@ -36,20 +38,28 @@ const JBD2_SUPERBLOCK_V2: u32 = 4;
 /// What to make. `Default` gives mke2fs 1.47's defaults for the size.
 #[derive(Clone, Debug)]
 pub struct MkfsOptions {
+    /// Bytes, from `MIN_SIZE` to `MAX_SIZE`.
     pub size: u64,
     /// 1024, 2048, 4096 (or 65536 max); None chooses as mke2fs does by size.
     pub block_size: Option<u32>,
+    /// Bytes per inode: 128 or 256 (the default).
     pub inode_size: u16,
     /// Total inodes wanted; None uses the bytes-per-inode ratio.
     pub inodes: Option<u64>,
+    /// Volume label, up to 16 bytes.
     pub label: String,
     /// Feature edits: "name" turns on, "^name" off (applied to the defaults).
     pub features: Vec<String>,
     /// Filesystem UUID and hash seed; random when None (tests fix them).
     pub uuid: Option<[u8; 16]>,
+    /// The directory hash seed; random when None.
     pub hash_seed: Option<[u8; 16]>,
-    /// Creation time (seconds); now when None.
+    /// Creation time (seconds); when None, now (or `clock`'s fixed time).
     pub now: Option<u64>,
+    /// Where on the device to make it (`mkfs` only): a region other than the
+    /// whole device is made in place, leaving the rest (a partition table, other
+    /// partitions) untouched; a `size` of 0 then means the whole region.
+    pub region: crate::dev::Region,
 }
 
 impl Default for MkfsOptions {
@@ -64,6 +74,7 @@ impl Default for MkfsOptions {
             uuid: None,
             hash_seed: None,
             now: None,
+            region: crate::dev::Region::Whole,
         }
     }
 }
@@ -416,8 +427,27 @@ fn indirect_block(
     Ok(pblk)
 }
 
-/// Creates (or overwrites) the image at `path` and makes a filesystem on it.
+/// Creates (or overwrites) the image at `path` and makes a filesystem on it
+/// (with `opts.region` set, in place inside the existing image).
+///
+/// # Errors
+/// `Invalid` for a size, block size, inode size or label out of range;
+/// `Unsupported` for a feature mkfs cannot make (named); `Busy` while the image
+/// is in use; `Io` when it cannot be created or written.
+///
+/// # Examples
+/// ```
+/// let image = std::env::temp_dir().join(format!("uext4-mkfs-doc-{}", std::process::id()));
+/// let opts = uext4::mkfs::MkfsOptions { size: 32 << 20, label: "data".into(), ..Default::default() };
+/// let sb = uext4::mkfs::mkfs(&image, &opts)?;
+/// assert_eq!(sb.s_blocks_count * sb.block_size() as u64, 32 << 20);
+/// std::fs::remove_file(&image)?;
+/// # Ok::<(), uext4::Error>(())
+/// ```
 pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
+    if opts.region != crate::dev::Region::Whole {
+        return mkfs_in_region(path, opts);
+    }
     let meta = std::fs::metadata(path);
     let is_block_device = meta.as_ref().map(|m| {
         use std::os::unix::fs::FileTypeExt;
@@ -441,7 +471,32 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
     make(&dev, opts, fresh)
 }
 
-/// Makes a filesystem on `dev`; `zeroed` says the device reads as zeros already.
+/// A filesystem in a region of an existing image or device, written in place
+/// (nothing truncated, nothing outside the region touched).
+fn mkfs_in_region(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
+    crate::dev::check_unused(path)?;
+    let dev = crate::dev::BoundedDevice::open(std::sync::Arc::new(FileDevice::open(path, true)?), opts.region)?;
+    let mut opts = opts.clone();
+    if opts.size == 0 {
+        opts.size = dev.size();
+    }
+    if dev.size() < opts.size {
+        return Err(Error::Invalid(format!(
+            "the region of {} holds only {} bytes, less than the {} asked for",
+            path.display(),
+            dev.size(),
+            opts.size
+        )));
+    }
+    make(dev.as_ref(), &opts, false)
+}
+
+/// Makes a filesystem on `dev`; `zeroed` says the device reads as zeros already
+/// (a fresh file or a new `MemDevice`), so the inode tables need no writing.
+///
+/// # Errors
+/// As [`mkfs`]; `Corrupt` when `dev` is smaller than `opts.size` (a write past
+/// its end).
 pub fn make(dev: &dyn BlockDevice, opts: &MkfsOptions, zeroed: bool) -> Result<Superblock> {
     let features = apply_features(&opts.features)?;
     let l = plan(opts, &features)?;

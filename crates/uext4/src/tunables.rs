@@ -4,9 +4,10 @@
 //! values within one operation.
 //!
 //! dir_ireserve (seed 000) and hash_goal (seed 003) are open-time options that
-//! choose the inode placement policy (`alloc::policy_for`). The mechanisms
-//! pdirops and inline_data (for new inodes) are not built yet: their options
-//! parse, accept the value that describes what uext4 does today, and refuse the
+//! choose the inode placement policy (`alloc::policy_for`); pdirops (seed 002,
+//! `ns::pdirops`) chooses how changes in one indexed directory lock. The
+//! mechanism inline_data (for new inodes) is not built yet: its option parses,
+//! accepts the value that describes what uext4 does today, and refuses the
 //! others by name rather than pretend.
 
 use crate::error::{Error, Result};
@@ -16,7 +17,9 @@ use std::sync::atomic::Ordering;
 /// One tunable as `tune` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tunable {
+    /// Its option name.
     pub name: &'static str,
+    /// Its value now.
     pub value: String,
     /// Changeable while open.
     pub runtime: bool,
@@ -24,7 +27,7 @@ pub struct Tunable {
 
 /// Mechanisms named in DESIGN.md that are not implemented yet, with the only
 /// value that describes uext4 today.
-const NOT_YET: [(&str, &str); 2] = [("pdirops", "off"), ("inline_data", "off")];
+const NOT_YET: [(&str, &str); 1] = [("inline_data", "off")];
 
 fn on_off(key: &str, value: &str) -> Result<bool> {
     match value {
@@ -48,6 +51,10 @@ impl Options {
     /// Applies `key=value` (a mount option) to these open options. The zero-out
     /// alias in KiB assumes 4 KiB blocks here; on a mounted filesystem
     /// `Filesystem::set_tunable` converts with the real block size.
+    ///
+    /// # Errors
+    /// `Invalid` for an unknown key or a bad value; `Unsupported` for a mechanism not built (only its
+    /// `off` value is taken).
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
             "cache_mb" => self.cache_mb = number(key, value)?,
@@ -63,6 +70,9 @@ impl Options {
             "errors" => self.errors = Some(value.parse()?),
             "dir_ireserve" => self.dir_ireserve = crate::alloc::DirReserve::parse(value)?,
             "hash_goal" => self.hash_goal = on_off(key, value)?,
+            "pdirops" => self.pdirops = on_off(key, value)?,
+            "offset" => self.region = crate::dev::Region::Offset(number(key, value)?),
+            "partition" => self.region = crate::dev::Region::Partition(number(key, value)?),
             _ => return not_yet(key, value),
         }
         Ok(())
@@ -80,6 +90,7 @@ fn not_yet(key: &str, value: &str) -> Result<()> {
 }
 
 impl Filesystem {
+    /// The current zero-out length in blocks (see `Options::extent_zeroout_len`).
     pub fn extent_zeroout_len(&self) -> u32 {
         self.extent_zeroout_len.load(Ordering::Relaxed)
     }
@@ -93,12 +104,16 @@ impl Filesystem {
             Tunable { name: "errors", value: self.errors_behaviour().to_string(), runtime: false },
             Tunable { name: "dir_ireserve", value: self.dir_ireserve.to_string(), runtime: false },
             Tunable { name: "hash_goal", value: if self.hash_goal { "on" } else { "off" }.into(), runtime: false },
+            Tunable { name: "pdirops", value: if self.pdirops { "on" } else { "off" }.into(), runtime: false },
         ];
         out.extend(NOT_YET.iter().map(|(name, today)| Tunable { name, value: today.to_string(), runtime: false }));
         out
     }
 
     /// Changes a runtime tunable now; the next operation sees the new value.
+    ///
+    /// # Errors
+    /// `Invalid` for an unknown tunable, a bad value, or one set only when opening.
     pub fn set_tunable(&self, key: &str, value: &str) -> Result<()> {
         match key {
             "extent_zeroout_len" | "extent_max_zeroout_kb" => {

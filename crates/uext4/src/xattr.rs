@@ -15,6 +15,7 @@ pub struct RawXattr {
 }
 
 impl Filesystem {
+    #[doc(hidden)]
     /// Every attribute as stored, inode body before block.
     pub fn xattrs_raw(&self, ino: u32) -> Result<Vec<RawXattr>> {
         let inode = self.inode(ino)?;
@@ -53,6 +54,9 @@ impl Filesystem {
 
     /// Attributes as `listxattr`/`getxattr` show them: system.data (inline data)
     /// hidden, ACLs converted to the user-space format.
+    ///
+    /// # Errors
+    /// `Corrupt` for a damaged attribute area.
     pub fn xattrs(&self, ino: u32) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let mut out = Vec::new();
         for RawXattr { name, value, name_index: index } in self.xattrs_raw(ino)? {
@@ -69,6 +73,11 @@ impl Filesystem {
         Ok(out)
     }
 
+    /// The value of attribute `name` (as user space spells it, e.g. `user.comment`).
+    ///
+    /// # Errors
+    /// `NotFound` (ENODATA) when the attribute is absent; `OutOfRange` for a name over 255 bytes;
+    /// `Unsupported` for an unknown namespace; `Corrupt` for a damaged attribute area.
     pub fn get_xattr(&self, ino: u32, name: &[u8]) -> Result<Option<Vec<u8>>> {
         Ok(self.xattrs(ino)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v))
     }
@@ -134,6 +143,11 @@ pub(crate) fn ibody_area(area_len: usize, attrs: &[(u8, Vec<u8>, Vec<u8>)]) -> V
 impl Filesystem {
     /// Sets an attribute (`name` as user space spells it), in the inode body when it
     /// fits, else in the xattr block. A block shared with other inodes is copied first.
+    ///
+    /// # Errors
+    /// `Exists` (XATTR_CREATE) or `NotFound` (XATTR_REPLACE) as the flags say; `OutOfRange` for a name
+    /// over 255 bytes; `NoSpace` when it fits neither the inode nor a block; `Unsupported` for an
+    /// unknown namespace; `ReadOnly`; `Corrupt`.
     pub fn set_xattr(&self, ino: u32, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let (index, suffix) = xattr::split_name(name)
             .ok_or_else(|| Error::unsupported(format!("xattr namespace of {}", String::from_utf8_lossy(name))))?;
@@ -183,6 +197,10 @@ impl Filesystem {
         })
     }
 
+    /// Removes attribute `name`.
+    ///
+    /// # Errors
+    /// `NotFound` (ENODATA) when the attribute is absent; `ReadOnly`; `Corrupt`.
     pub fn remove_xattr(&self, ino: u32, name: &[u8]) -> Result<()> {
         let (index, suffix) =
             xattr::split_name(name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
@@ -201,7 +219,7 @@ impl Filesystem {
     /// Reads every attribute, lets `edit` change the list, and writes it back: the
     /// inode body first (system.data always there), the rest into one block.
     fn change_xattrs(&self, ino: u32, edit: &mut dyn FnMut(&mut Vec<DiskAttr>) -> Result<()>) -> Result<()> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let mut inode = (*self.inode(ino)?).clone();
         let mut attrs: Vec<DiskAttr> = Vec::new();
         for (e, v) in xattr::parse_ibody(inode.xattr_area(), ino)? {

@@ -8,7 +8,10 @@
 //! after it (a torn write). The image left behind is opened by uext4, which
 //! recovers its journal; then `e2fsck -fn` must be silent, and every file whose
 //! fsync returned before the cut, and which no later operation touched, must
-//! hold exactly the content it had when that fsync returned.
+//! hold exactly the content it had when that fsync returned. The kernel
+//! recovers a copy of the same cut (a read-write loop mount reads the promised
+//! files, unmounts, e2fsck -fn): in every phase, every N-th cut in the CI-sized
+//! run and every cut with UEXT4_CRASH_KERNEL_EVERY=1 (the longer run).
 //!
 //! Tears keep whole 4 KiB units: the device modelled is a disk that writes 4 KiB
 //! atomically (4Kn, or 512e with 4 KiB physical sectors). Smaller tears would cut
@@ -419,7 +422,7 @@ struct Outcome {
 }
 
 /// One cut: run until it, recover, and judge the image left behind.
-fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: bool) -> Outcome {
+fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: bool, kernel: bool) -> Outcome {
     let mem = Arc::new(MemDevice::new(base.to_vec()));
     let dev = Arc::new(FaultDevice::new(mem.clone(), fault));
     let fs = Filesystem::open_device(dev.clone(), options()).unwrap();
@@ -439,8 +442,9 @@ fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: boo
     if let Ok(dir) = std::env::var("UEXT4_CRASH_KEEP_DIR") {
         std::fs::write(Path::new(&dir).join("before.img"), mem.contents()).unwrap();
     }
-    let left = Arc::new(MemDevice::new(mem.contents()));
-    let needed_recovery = needs_recovery(&left.contents());
+    let cut = mem.contents();
+    let left = Arc::new(MemDevice::new(cut.clone()));
+    let needed_recovery = needs_recovery(&cut);
     let fs = Filesystem::open_device(left.clone(), options())
         .unwrap_or_else(|e| panic!("{fault:?}: reopening after the cut failed: {e}"));
     let promised = model.promised(first_lost(fault));
@@ -461,6 +465,9 @@ fn crash_and_recover(base: &[u8], fault: Fault, scratch: &Path, debugfs_too: boo
     check_e2fsck(scratch, fault);
     if debugfs_too {
         check_with_debugfs(scratch, &promised, fault);
+    }
+    if kernel {
+        kernel_recovers(scratch, &cut, &promised, fault);
     }
     Outcome { promised_files: promised.len(), replayed: needed_recovery, ended_early: false }
 }
@@ -495,6 +502,36 @@ fn check_with_debugfs(image: &Path, promised: &[(String, Vec<u8>)], fault: Fault
         let got = std::fs::read(dir.path().join(i.to_string())).unwrap_or_default();
         assert!(got == *content, "{fault:?}: debugfs reads {path} as {} bytes, not {}", got.len(), content.len());
     }
+}
+
+/// The kernel's recovery of what a cut left, on a copy at `scratch`: a
+/// read-write loop mount replays the journal and handles the orphans, every
+/// promised file reads back as promised through it, it unmounts (loudly, or
+/// the test fails) and e2fsck -fn is silent.
+fn kernel_recovers(scratch: &Path, left: &[u8], promised: &[(String, Vec<u8>)], fault: Fault) {
+    std::fs::write(scratch, left).unwrap();
+    let mount = oracle::Mount::new(scratch, "");
+    for (path, content) in promised {
+        let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
+            .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
+        assert!(
+            got == *content,
+            "{fault:?}: the kernel reads {path} as {} bytes changed after its recovery, not the {} promised",
+            got.len(),
+            content.len()
+        );
+    }
+    mount.unmount();
+    check_e2fsck(scratch, fault);
+}
+
+/// Whether cut `i` of a phase is also recovered by the kernel: every
+/// `default_every`-th in the CI-sized run (each kernel mount costs about half a
+/// second), every cut with UEXT4_CRASH_KERNEL_EVERY=1 (the longer run), never
+/// without loop devices (a skip the oracle helpers already report).
+fn kernel_cut(i: usize, default_every: usize) -> bool {
+    let every = std::env::var("UEXT4_CRASH_KERNEL_EVERY").ok().and_then(|v| v.parse().ok()).unwrap_or(default_every);
+    every > 0 && i.is_multiple_of(every) && oracle::require_loop()
 }
 
 #[test]
@@ -551,7 +588,7 @@ fn power_cuts_and_torn_writes_across_a_workload() {
         };
         let keep = std::env::var("UEXT4_CRASH_KEEP").unwrap_or_else(|_| "/tmp".into());
         std::env::set_var("UEXT4_CRASH_KEEP_DIR", &keep);
-        crash_and_recover(&base, fault, &Path::new(&keep).join("after.img"), true);
+        crash_and_recover(&base, fault, &Path::new(&keep).join("after.img"), true, false);
         return;
     }
     let cuts = faults.iter().filter(|f| matches!(f, Fault::DropAfter(_))).count();
@@ -568,7 +605,7 @@ fn power_cuts_and_torn_writes_across_a_workload() {
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&fault) = faults.get(i) else { break };
-                let outcome = crash_and_recover(base, fault, &scratch, i % 40 == 0);
+                let outcome = crash_and_recover(base, fault, &scratch, i % 40 == 0, kernel_cut(i, 20));
                 promised.fetch_add(outcome.promised_files as u64, Ordering::Relaxed);
                 replayed.fetch_add(outcome.replayed as usize, Ordering::Relaxed);
                 early.fetch_add(outcome.ended_early as usize, Ordering::Relaxed);
@@ -594,11 +631,11 @@ fn power_cuts_and_torn_writes_across_a_workload() {
 // umount), each followed by a silent e2fsck -fn. The same workload runs on an
 // image with the chain only and on one with an orphan file.
 //
-// UEXT4_CRASH_OPEN_CUTS=N sets the cuts per image (default 48, which keeps this
+// UEXT4_CRASH_OPEN_CUTS=N sets the cuts per image (default 64, which keeps this
 // phase under a minute on two cores; 500 is a thorough run).
 
 const OPEN_OPS: usize = 400;
-const OPEN_CUTS_DEFAULT: usize = 48;
+const OPEN_CUTS_DEFAULT: usize = 64;
 
 /// The open-files workload's view: files by path (one name each), what each inode
 /// holds, which inodes this "process" holds open, and fsync promises.
@@ -830,17 +867,7 @@ fn open_files_cut(base: &[u8], fault: Fault, scratch: &Path, kernel: bool) -> us
 
     // The kernel's recovery, on a copy of what the cut left.
     if kernel {
-        std::fs::write(scratch, &left).unwrap();
-        {
-            let mount = oracle::Mount::new(scratch, "");
-            for (path, content) in &promised {
-                let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
-                    .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
-                assert!(got == *content, "{fault:?}: the kernel reads {path} changed after its recovery");
-            }
-            mount.unmount();
-        }
-        check_e2fsck(scratch, fault);
+        kernel_recovers(scratch, &left, &promised, fault);
     }
     promised.len()
 }
@@ -973,22 +1000,8 @@ fn io_error_and_recover(base: &[u8], fault: Fault, scratch: &Path, kernel_too: b
     drop(fs);
     let left = mem.contents();
     let promised = model.promised(first_lost(fault));
-    if kernel_too && oracle::require_loop() {
-        let copy = scratch.with_extension("kernel.img");
-        std::fs::write(&copy, &left).unwrap();
-        {
-            let m = oracle::Mount::new(&copy, "");
-            for (path, content) in &promised {
-                let got = std::fs::read(m.dir.join(path.trim_start_matches('/'))).unwrap_or_default();
-                assert!(
-                    got == *content,
-                    "{fault:?}: the kernel reads {path} as {} bytes, not {}",
-                    got.len(),
-                    content.len()
-                );
-            }
-        }
-        check_e2fsck(&copy, fault);
+    if kernel_too {
+        kernel_recovers(&scratch.with_extension("kernel.img"), &left, &promised, fault);
     }
     let reopened = Arc::new(MemDevice::new(left));
     let fs = Filesystem::open_device(reopened.clone(), options())
@@ -1047,7 +1060,7 @@ fn io_errors_in_the_middle_of_operations() {
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&fault) = faults.get(i) else { break };
-                let (p, failed, ended_early) = io_error_and_recover(base, fault, &scratch, i % 25 == 0);
+                let (p, failed, ended_early) = io_error_and_recover(base, fault, &scratch, kernel_cut(i, 25));
                 promised.fetch_add(p as u64, Ordering::Relaxed);
                 errored.fetch_add(failed as usize, Ordering::Relaxed);
                 early.fetch_add(ended_early as usize, Ordering::Relaxed);
@@ -1163,17 +1176,7 @@ fn ext3_cut(base: &[u8], m0: &Model, rng0: &Rng, fault: Fault, scratch: &Path, k
     std::fs::write(scratch, ours.contents()).unwrap();
     check_e2fsck(scratch, fault);
     if kernel {
-        std::fs::write(scratch, &left).unwrap();
-        {
-            let mount = oracle::Mount::new(scratch, "");
-            for (path, content) in &promised {
-                let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
-                    .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
-                assert!(got == *content, "{fault:?}: the kernel reads {path} changed after its recovery");
-            }
-            mount.unmount();
-        }
-        check_e2fsck(scratch, fault);
+        kernel_recovers(scratch, &left, &promised, fault);
     }
     Some(promised.len())
 }
@@ -1216,7 +1219,7 @@ fn ext3_phase(upgrade: bool) {
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&fault) = faults.get(i) else { break };
-                match ext3_cut(base, m0, rng0, fault, &scratch, i % 10 == 0) {
+                match ext3_cut(base, m0, rng0, fault, &scratch, kernel_cut(i, 10)) {
                     Some(n) => promised.fetch_add(n as u64, Ordering::Relaxed),
                     None => early.fetch_add(1, Ordering::Relaxed) as u64,
                 };
@@ -1422,17 +1425,7 @@ fn shapes_cut(base: &[u8], m0: &Model, fault: Fault, scratch: &Path, kernel: boo
     std::fs::write(scratch, ours.contents()).unwrap();
     check_e2fsck(scratch, fault);
     if kernel {
-        std::fs::write(scratch, &left).unwrap();
-        {
-            let mount = oracle::Mount::new(scratch, "");
-            for (path, content) in &promised {
-                let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
-                    .unwrap_or_else(|e| panic!("{fault:?}: the kernel cannot read {path}: {e}"));
-                assert!(got == *content, "{fault:?}: the kernel reads {path} changed after its recovery");
-            }
-            mount.unmount();
-        }
-        check_e2fsck(scratch, fault);
+        kernel_recovers(scratch, &left, &promised, fault);
     }
     Some(promised.len())
 }
@@ -1497,7 +1490,7 @@ fn power_cuts_while_inline_data_xattr_blocks_and_directories_change_shape() {
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&fault) = faults.get(i) else { break };
-                match shapes_cut(base, m0, fault, &scratch, i % 8 == 0) {
+                match shapes_cut(base, m0, fault, &scratch, kernel_cut(i, 8)) {
                     Some(n) => promised.fetch_add(n as u64, Ordering::Relaxed),
                     None => early.fetch_add(1, Ordering::Relaxed) as u64,
                 };

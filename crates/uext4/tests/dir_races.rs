@@ -1,7 +1,9 @@
 //! Readers and writers in one directory at once.
 //!
-//! Writers create, rename and unlink names in one directory, through its turn from
-//! one linear block into an htree and through many leaf and index splits; readers
+//! Two writers create, rename and unlink names in one directory, through its turn
+//! from one linear block into an htree and through many leaf and index splits
+//! (again in a fresh directory, epoch after epoch, until the readers have done
+//! their lookups); readers
 //! meanwhile look up and list names that exist for the whole run. No lookup may
 //! miss one, none may fail, and every listing holds each of them exactly once.
 //! Then e2fsck -fn must be silent and the kernel's listing must equal what the
@@ -11,18 +13,23 @@
 //! its directory, and a create racing a rename over its directory, never leave a
 //! name in a removed directory.
 //!
-//! `UEXT4_DIR_RACE_LOOKUPS` sets the lookups per block size (default 500,000).
+//! `UEXT4_DIR_RACE_LOOKUPS` sets the lookups per block size (default 1,000,000).
 
 mod oracle;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, RwLock};
 use uext4::{Error, Filesystem, Options, Owner, ROOT_INO};
 
 const ROOT: Owner = Owner { uid: 0, gid: 0 };
 const STABLE: usize = 24;
 const READERS: usize = 2;
+const WRITERS: usize = 2;
+/// Names each writer leaves standing before an epoch ends: with both writers,
+/// 12,000 names of ~60 bytes, about 850 leaves at 1 KiB and 200 at 4 KiB, well
+/// inside a two-level index at 1 KiB (124 x 127 leaves).
+const LIVE_PER_WRITER: usize = 6_000;
 
 fn writable() -> Options {
     Options { read_only: false, ..Options::default() }
@@ -38,24 +45,32 @@ fn churn_name(w: usize, round: u64, i: usize) -> Vec<u8> {
 }
 
 fn lookups_wanted() -> u64 {
-    std::env::var("UEXT4_DIR_RACE_LOOKUPS").ok().and_then(|v| v.parse().ok()).unwrap_or(500_000)
+    std::env::var("UEXT4_DIR_RACE_LOOKUPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000)
 }
 
-/// Readers look up and list the stable names until `stop`; returns (lookups,
-/// listings, failures described).
-fn reader(
-    fs: Arc<Filesystem>,
+/// A directory the readers work on: made with its stable names (one linear
+/// block), then grown by the writers through its turn into an htree and many
+/// splits.
+struct Epoch {
     dir: u32,
     want: Vec<(Vec<u8>, u32)>,
+}
+
+/// Readers look up and list the stable names of the current epoch until
+/// `stop`; returns (lookups, listings, failures described).
+fn reader(
+    fs: Arc<Filesystem>,
+    current: Arc<RwLock<Arc<Epoch>>>,
     stop: Arc<AtomicBool>,
     count: Arc<AtomicU64>,
 ) -> (u64, u64, Vec<String>) {
     let mut failures = Vec::new();
     let (mut lookups, mut listings) = (0u64, 0u64);
     let mut i = 0usize;
+    let mut epoch = current.read().unwrap().clone();
     while !stop.load(Ordering::Relaxed) && failures.len() < 20 {
-        let (name, ino) = &want[i % want.len()];
-        match fs.lookup(dir, name) {
+        let (name, ino) = &epoch.want[i % epoch.want.len()];
+        match fs.lookup(epoch.dir, name) {
             Ok(Some(found)) if found == *ino => {}
             other => failures.push(format!("lookup of {}: {other:?}", String::from_utf8_lossy(name))),
         }
@@ -63,11 +78,12 @@ fn reader(
         i += 1;
         if i.is_multiple_of(64) {
             count.fetch_add(64, Ordering::Relaxed);
+            epoch = current.read().unwrap().clone();
         }
         if i.is_multiple_of(5_000) {
-            match fs.read_dir(dir) {
+            match fs.read_dir(epoch.dir) {
                 Ok(entries) => {
-                    for (name, ino) in &want {
+                    for (name, ino) in &epoch.want {
                         let n = entries.iter().filter(|e| &e.name == name).count();
                         if n != 1 || !entries.iter().any(|e| &e.name == name && e.ino == *ino) {
                             failures.push(format!("listing holds {} {n} times", String::from_utf8_lossy(name)));
@@ -88,7 +104,37 @@ fn reader(
     (lookups, listings, failures)
 }
 
-fn lookups_never_miss_during_splits(block_size: u32) {
+/// One writer's part of an epoch: rounds of creating names, renaming every 7th
+/// and unlinking every 5th, until it has `LIVE_PER_WRITER` names standing. With
+/// `clean`, it then unlinks them all, so the next epoch has inodes to use.
+/// Returns the names it left.
+fn writer(fs: &Filesystem, dir: u32, w: usize, epoch: u64, clean: bool) -> BTreeSet<Vec<u8>> {
+    let mut left = BTreeSet::new();
+    let mut i = 0;
+    while left.len() < LIVE_PER_WRITER {
+        let name = churn_name(w, epoch, i);
+        fs.create(dir, &name, 0o644, ROOT).unwrap();
+        left.insert(name.clone());
+        if i % 7 == 6 {
+            let to = [name.as_slice(), b"-renamed"].concat();
+            fs.rename(dir, &name, dir, &to, 0).unwrap();
+            left.remove(&name);
+            left.insert(to);
+        } else if i % 5 == 4 {
+            fs.unlink(dir, &name).unwrap();
+            left.remove(&name);
+        }
+        i += 1;
+    }
+    if clean {
+        for name in std::mem::take(&mut left) {
+            fs.unlink(dir, &name).unwrap();
+        }
+    }
+    left
+}
+
+fn lookups_never_miss_during_splits(block_size: u32, pdirops: bool) {
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("fs.img");
     let status = std::process::Command::new("mkfs.ext4")
@@ -98,45 +144,55 @@ fn lookups_never_miss_during_splits(block_size: u32) {
         .status()
         .unwrap();
     assert!(status.success());
-    let fs = Arc::new(Filesystem::open(&image, writable()).unwrap());
-    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
-    let want: Vec<(Vec<u8>, u32)> =
-        (0..STABLE).map(|i| (stable_name(i), fs.create(dir, &stable_name(i), 0o644, ROOT).unwrap().ino)).collect();
-    assert_eq!(fs.stat(dir).unwrap().size, block_size as u64, "the directory starts as one linear block");
+    let fs = Arc::new(Filesystem::open(&image, Options { pdirops, ..writable() }).unwrap());
+    let new_epoch = |k: u64| {
+        let dir = fs.mkdir(ROOT_INO, format!("d{k}").as_bytes(), 0o755, ROOT).unwrap().ino;
+        let want: Vec<(Vec<u8>, u32)> =
+            (0..STABLE).map(|i| (stable_name(i), fs.create(dir, &stable_name(i), 0o644, ROOT).unwrap().ino)).collect();
+        assert_eq!(fs.stat(dir).unwrap().size, block_size as u64, "the directory starts as one linear block");
+        Arc::new(Epoch { dir, want })
+    };
+    let current = Arc::new(RwLock::new(new_epoch(0)));
 
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..READERS)
         .map(|_| {
-            let (fs, want, stop, count) = (fs.clone(), want.clone(), stop.clone(), count.clone());
-            std::thread::spawn(move || reader(fs, dir, want, stop, count))
+            let (fs, current, stop, count) = (fs.clone(), current.clone(), stop.clone(), count.clone());
+            std::thread::spawn(move || reader(fs, current, stop, count))
         })
         .collect();
-    // One writer: rounds of creating names, renaming every 7th and unlinking every
-    // 5th, until the readers have done their lookups. Each round starts from the
-    // directory as the last one left it, so splits go on.
+    // Epochs until the readers have done their lookups: in each, the writers
+    // grow a fresh directory from one linear block through its htree turn and
+    // hundreds of splits; all but the last are emptied of churn names after.
     let wanted = lookups_wanted();
+    let mut epochs = Vec::new();
     let mut left = BTreeSet::new();
-    let mut round = 0u64;
-    let mut splits_seen = 0;
-    while count.load(Ordering::Relaxed) < wanted || round == 0 {
-        for i in 0..6_000 {
-            let name = churn_name(0, round, i);
-            fs.create(dir, &name, 0o644, ROOT).unwrap();
-            left.insert(name.clone());
-            if i % 7 == 6 {
-                let to = [name.as_slice(), b"-renamed"].concat();
-                fs.rename(dir, &name, dir, &to, 0).unwrap();
-                left.remove(&name);
-                left.insert(to);
-            } else if i % 5 == 4 {
-                fs.unlink(dir, &name).unwrap();
-                left.remove(&name);
-            }
+    let mut blocks = Vec::new();
+    for k in 0.. {
+        let epoch = current.read().unwrap().clone();
+        let last = count.load(Ordering::Relaxed) >= wanted * 3 / 4;
+        let kept: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let (fs, dir) = (&fs, epoch.dir);
+            let workers: Vec<_> = (0..WRITERS).map(|w| s.spawn(move || writer(fs, dir, w, k, !last))).collect();
+            workers.into_iter().flat_map(|w| w.join().expect("a writer panicked")).collect()
+        });
+        left.extend(kept);
+        let size = fs.stat(epoch.dir).unwrap().size / block_size as u64;
+        // The last epoch may need more rounds in the same directory.
+        if epochs.last().is_none_or(|e: &Arc<Epoch>| e.dir != epoch.dir) {
+            epochs.push(epoch);
+            blocks.push(size);
+        } else {
+            *blocks.last_mut().unwrap() = size;
         }
-        splits_seen = fs.stat(dir).unwrap().size / block_size as u64;
-        round += 1;
-        assert!(round < 200, "the readers made too little progress");
+        if last && count.load(Ordering::Relaxed) >= wanted {
+            break;
+        }
+        assert!(k < 40, "the readers made too little progress");
+        if !last {
+            *current.write().unwrap() = new_epoch(k + 1);
+        }
     }
     stop.store(true, Ordering::Relaxed);
     let (mut lookups, mut listings, mut failures) = (0, 0, Vec::new());
@@ -147,42 +203,66 @@ fn lookups_never_miss_during_splits(block_size: u32) {
         failures.extend(f);
     }
     eprintln!(
-        "{block_size}-byte blocks: {lookups} lookups and {listings} listings during {round} rounds \
-         ({} names left, directory of {splits_seen} blocks)",
+        "{block_size}-byte blocks, pdirops {pdirops}: {lookups} lookups and {listings} listings during {} epochs of {WRITERS} \
+         writers (directories grew to {blocks:?} blocks; {} names left in the last)",
+        epochs.len(),
         left.len()
     );
     assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
     assert!(lookups >= wanted, "{lookups} lookups");
-    assert!(splits_seen > 100, "the directory grew to only {splits_seen} blocks");
+    assert!(blocks.iter().all(|&b| b > 100), "a directory grew to too few blocks: {blocks:?}");
     drop(fs);
 
     oracle::assert_e2fsck_clean(&image);
     let m = oracle::Mount::new(&image, "ro");
-    let seen: BTreeSet<Vec<u8>> =
-        std::fs::read_dir(m.dir.join("d")).unwrap().map(|e| e.unwrap().file_name().into_encoded_bytes()).collect();
-    let expect: BTreeSet<Vec<u8>> = left.into_iter().chain(want.into_iter().map(|(n, _)| n)).collect();
-    assert_eq!(seen.len(), expect.len());
-    assert!(seen == expect, "the kernel's listing differs from what the writer left");
+    for (k, epoch) in epochs.iter().enumerate() {
+        let seen: BTreeSet<Vec<u8>> = std::fs::read_dir(m.dir.join(format!("d{k}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_encoded_bytes())
+            .collect();
+        let mut expect: BTreeSet<Vec<u8>> = epoch.want.iter().map(|(n, _)| n.clone()).collect();
+        if k + 1 == epochs.len() {
+            expect.extend(left.iter().cloned());
+        }
+        assert_eq!(seen.len(), expect.len(), "d{k}");
+        assert!(seen == expect, "the kernel's listing of d{k} differs from what the writers left");
+    }
     m.unmount();
 }
 
 #[test]
 fn lookups_never_miss_during_splits_1k() {
     if oracle::require_e2fsprogs() && oracle::require_loop() {
-        lookups_never_miss_during_splits(1024);
+        lookups_never_miss_during_splits(1024, true);
     }
 }
 
 #[test]
 fn lookups_never_miss_during_splits_4k() {
     if oracle::require_e2fsprogs() && oracle::require_loop() {
-        lookups_never_miss_during_splits(4096);
+        lookups_never_miss_during_splits(4096, true);
+    }
+}
+
+#[test]
+fn lookups_never_miss_during_splits_1k_pdirops_off() {
+    if oracle::require_e2fsprogs() && oracle::require_loop() {
+        lookups_never_miss_during_splits(1024, false);
+    }
+}
+
+#[test]
+fn lookups_never_miss_during_splits_4k_pdirops_off() {
+    if oracle::require_e2fsprogs() && oracle::require_loop() {
+        lookups_never_miss_during_splits(4096, false);
     }
 }
 
 /// A create into a directory that an rmdir or a rename over it removes at the
 /// same moment: either the create comes first (and the removal then fails with
-/// ENOTEMPTY) or it fails with ENOENT. Never both succeed.
+/// ENOTEMPTY) or it fails with ENOENT. Never both succeed. Every other pair of
+/// rounds the victim is an empty indexed directory (filled past one block, then
+/// emptied: directories never shrink), where pdirops takes the create by name.
 #[test]
 fn a_create_never_lands_in_a_removed_directory() {
     if !oracle::require_e2fsprogs() {
@@ -196,6 +276,16 @@ fn a_create_never_lands_in_a_removed_directory() {
     for round in 0..300 {
         let victim = format!("victim-{round}").into_bytes();
         let dir = fs.mkdir(ROOT_INO, &victim, 0o755, ROOT).unwrap().ino;
+        if round % 4 >= 2 {
+            let filler = |i: usize| format!("filler-{i:03}-long-enough-to-fill-a-block-soon").into_bytes();
+            for i in 0..120 {
+                fs.create(dir, &filler(i), 0o644, ROOT).unwrap();
+            }
+            for i in 0..120 {
+                fs.unlink(dir, &filler(i)).unwrap();
+            }
+            assert!(fs.stat(dir).unwrap().size > 4096, "the victim became indexed");
+        }
         let by_rename = round % 2 == 1;
         let other = format!("other-{round}").into_bytes();
         if by_rename {
@@ -222,6 +312,57 @@ fn a_create_never_lands_in_a_removed_directory() {
         }
     }
     eprintln!("{created} creates came first, {removed} removals came first");
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+}
+
+/// A rename is seen whole by lookups: while one thread renames a file along a
+/// chain of new names in one indexed directory (n0 → n1 → n2 ...), another that
+/// finds n(i+1) must not then find n(i), which never comes back. Under pdirops
+/// the rename adds the new name before it removes the old one, each in its
+/// leaf; lookups wait on the names' slots the rename holds.
+#[test]
+fn lookups_see_a_rename_whole() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    uext4::mkfs::mkfs(&image, &uext4::mkfs::MkfsOptions { size: 64 << 20, ..Default::default() }).unwrap();
+    let fs = Arc::new(Filesystem::open(&image, writable()).unwrap());
+    let dir = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+    for i in 0..400 {
+        fs.create(dir, format!("filler-{i:04}-so-that-the-directory-is-an-htree").as_bytes(), 0o644, ROOT).unwrap();
+    }
+    let name = |i: u64| format!("moving-{i:06}").into_bytes();
+    fs.create(dir, &name(0), 0o644, ROOT).unwrap();
+    const STEPS: u64 = 100_000;
+    let at = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (fs, at) = (fs.clone(), at.clone());
+        std::thread::spawn(move || {
+            let (mut seen, mut checks) = (Vec::new(), 0u64);
+            loop {
+                let i = at.load(Ordering::Acquire);
+                if i >= STEPS {
+                    return (seen, checks);
+                }
+                if fs.lookup(dir, &name(i + 1)).unwrap().is_some() {
+                    checks += 1;
+                    if fs.lookup(dir, &name(i)).unwrap().is_some() {
+                        seen.push(i);
+                    }
+                }
+            }
+        })
+    };
+    for i in 0..STEPS {
+        fs.rename(dir, &name(i), dir, &name(i + 1), 0).unwrap();
+        at.store(i + 1, Ordering::Release);
+    }
+    let (seen, checks) = watcher.join().unwrap();
+    eprintln!("{checks} times the new name was found first; the old one with it {} times", seen.len());
+    assert!(seen.is_empty(), "a lookup found both names of renames {:?}", &seen[..seen.len().min(5)]);
     drop(fs);
     oracle::assert_e2fsck_clean(&image);
 }

@@ -5,7 +5,13 @@
 //! medians, spread and each target's time relative to uext4's. Every image is
 //! checked with e2fsck -fn afterwards (outside the timing).
 //!
-//! Usage: populate [--files N] [--total-mb N] [--runs N] [--uext4 PATH] [--work DIR]
+//! uext4 is measured three ways: `uext4 mkfs -d` (written home directly, as
+//! mkfs.ext4 -d writes), the same under SOURCE_DATE_EPOCH with a fixed UUID and
+//! hash seed (the reproducible mode), and `uext4 mkfs` + `uext4 cp -r` (through
+//! the journal). `--src DIR` populates from an existing tree (e.g. /usr/include)
+//! instead of a generated one.
+//!
+//! Usage: populate [--files N] [--total-mb N] [--src DIR] [--size MB] [--runs N] [--uext4 PATH] [--work DIR]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -49,18 +55,39 @@ fn main() {
     let runs: usize = arg("--runs", "3").parse().unwrap();
     let uext4 = PathBuf::from(arg("--uext4", "target/release/uext4"));
     let work = PathBuf::from(arg("--work", &std::env::temp_dir().join("uext4-bench-populate").display().to_string()));
-    let size = format!("{}M", total_mb * 3);
+    let given = arg("--src", "");
+    let size = format!("{}M", arg("--size", &(total_mb * 3).to_string()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
-    let src = work.join("src");
-    eprintln!("making a host tree of {files} files, {total_mb} MiB ...");
-    make_tree(&src, files, total_mb << 20);
+    let src = if given.is_empty() {
+        let src = work.join("src");
+        eprintln!("making a host tree of {files} files, {total_mb} MiB ...");
+        make_tree(&src, files, total_mb << 20);
+        src
+    } else {
+        PathBuf::from(given)
+    };
     run(&mut Command::new("sync"));
     let image = work.join("fs.img");
     let mnt = work.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     // uext4's mkfs picks 4 KiB blocks at this size; mkfs.ext4 is told the same.
-    let targets: [Target; 3] = [
+    let uext4_mkfs_d = |reproducible: bool| {
+        let mut cmd = Command::new(&uext4);
+        cmd.args(["mkfs", "-q"]).arg(&image).args(["--size", &size]);
+        if reproducible {
+            cmd.env("SOURCE_DATE_EPOCH", "1700000000").args([
+                "-U",
+                "0f0e0d0c-0b0a-4908-8706-050403020100",
+                "-E",
+                "hash_seed=11111111-2222-4333-8444-555555555555",
+            ]);
+        }
+        run(cmd.arg("-d").arg(&src));
+    };
+    let targets: [Target; 5] = [
+        ("uext4 mkfs -d", Box::new(|| uext4_mkfs_d(false))),
+        ("uext4 mkfs -d (SOURCE_DATE_EPOCH, -U, hash_seed)", Box::new(|| uext4_mkfs_d(true))),
         (
             "uext4 (mkfs + cp -r)",
             Box::new(|| {
@@ -115,7 +142,7 @@ fn main() {
         v[v.len() / 2]
     };
     let base = median(&samples[0]);
-    println!("| target | median s | min..max s | time / uext4's |");
+    println!("| target | median s | min..max s | time / uext4 mkfs -d's |");
     println!("|---|---|---|---|");
     for (t, (name, _)) in targets.iter().enumerate() {
         let s = &samples[t];

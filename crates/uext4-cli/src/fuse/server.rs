@@ -100,6 +100,18 @@ pub struct Uext4Fuse {
     /// panics after it has been served.
     panic_on: Option<u32>,
     panicked_once: AtomicBool,
+    atime: AtimeMode,
+}
+
+/// When reads and listings move atime (the atime mount options).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// relatime, the kernel's default (`relatime`, `atime`).
+    Relatime,
+    /// Every read (`strictatime`).
+    Strict,
+    /// Never (`noatime`).
+    Never,
 }
 
 /// Whether a request changes the image.
@@ -188,7 +200,14 @@ impl Uext4Fuse {
             notify: OnceLock::new(),
             panic_on: std::env::var("UEXT4_TEST_PANIC_OPCODE").ok().and_then(|v| v.parse().ok()),
             panicked_once: AtomicBool::new(false),
+            atime: AtimeMode::Relatime,
         }
+    }
+
+    /// Reads move atime as `mode` says (relatime unless told).
+    pub fn with_atime(mut self, mode: AtimeMode) -> Uext4Fuse {
+        self.atime = mode;
+        self
     }
 
     /// Gives the server a descriptor of its session for notifications.
@@ -405,13 +424,17 @@ impl Uext4Fuse {
 
     /// relatime, as the kernel's ext4 mounts by default: a read (or a listing)
     /// moves atime only when it is not newer than mtime or ctime, or is a day old.
+    /// `strictatime` moves it on every read, `noatime` never.
     fn touch_atime(&self, ino: u32) {
-        if self.fs.is_read_only() || self.has_failed() {
+        if self.fs.is_read_only() || self.has_failed() || self.atime == AtimeMode::Never {
             return;
         }
         let Ok(st) = self.fs.stat(ino) else { return };
         let now = now();
-        let stale = st.atime <= st.mtime || st.atime <= st.ctime || now.sec - st.atime.sec >= 24 * 3600;
+        let stale = self.atime == AtimeMode::Strict
+            || st.atime <= st.mtime
+            || st.atime <= st.ctime
+            || now.sec - st.atime.sec >= 24 * 3600;
         if stale {
             let attr = SetAttr { atime: Some(now), ctime: Some(st.ctime), ..SetAttr::default() };
             if let Err(e) = self.fs.setattr(ino, &attr) {

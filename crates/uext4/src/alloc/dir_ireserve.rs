@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// How many inode slots a new directory reserves (`dir_ireserve=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DirReserve {
+    /// No reservation (the default).
     #[default]
     Off,
     /// A window of this many slots, the directory's own included.
@@ -70,6 +71,7 @@ impl DirReserve {
         }
     }
 
+    /// The window size in inode slots; None when off.
     pub fn slots(self) -> Option<u32> {
         match self {
             DirReserve::Off => None,

@@ -61,7 +61,9 @@ pub fn policy_for(vol: &Volume, dir_ireserve: DirReserve, hash_goal: bool) -> Re
 /// A user and a group: the owner of a new inode, and who a call acts as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Owner {
+    /// User id.
     pub uid: u32,
+    /// Group id.
     pub gid: u32,
 }
 

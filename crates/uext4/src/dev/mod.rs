@@ -10,11 +10,16 @@
 //!
 //! A writable `FileDevice` holds the image's exclusive lock for its whole life
 //! and refuses an image the kernel or another uext4 process holds (`in_use`).
+//!
+//! `partition`: a filesystem at an offset or in a partition of a larger device
+//! (`Region`, `BoundedDevice`), kept inside it.
 
 mod in_use;
 pub mod io_model;
+mod partition;
 pub use in_use::check_unused;
 pub use io_model::{IoClass, IoModel, IoReport, TracedDevice};
+pub use partition::{starts_with_partition_table, BoundedDevice, Region};
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -24,12 +29,28 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Where a filesystem's bytes live: positional reads and writes, shared by
+/// threads. Implement it to put a filesystem anywhere (a network disk, a
+/// memory map); [`FileDevice`], [`MemDevice`] and [`BoundedDevice`] come with uext4.
 pub trait BlockDevice: Send + Sync {
+    /// Fills `buf` from byte `offset`.
+    ///
+    /// # Errors
+    /// `Corrupt` for a range past the end (only a damaged image points there); `Io`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Writes `buf` at byte `offset`.
+    ///
+    /// # Errors
+    /// `ReadOnly` on a device opened read-only; `Corrupt` past the end; `Io`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Makes every write so far durable (fdatasync).
+    ///
+    /// # Errors
+    /// `Io`.
     fn flush(&self) -> Result<()>;
     /// Size in bytes.
     fn size(&self) -> u64;
+    /// Requests and bytes so far.
     fn stats(&self) -> IoStats;
     /// Who else held the image when a read-only open found it in use (a uext4
     /// mount, the kernel): what is read may be stale or half-changed.
@@ -45,10 +66,15 @@ pub trait BlockDevice: Send + Sync {
 /// Counters of I/O requests and bytes since the device was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IoStats {
+    /// Read requests.
     pub reads: u64,
+    /// Bytes read.
     pub read_bytes: u64,
+    /// Write requests.
     pub writes: u64,
+    /// Bytes written.
     pub write_bytes: u64,
+    /// Flushes.
     pub flushes: u64,
 }
 
@@ -132,12 +158,18 @@ impl FileDevice {
     /// Opens an image: writable, with its exclusive lock, refusing (`Error::Busy`)
     /// one that the kernel or another uext4 process holds; read-only, with no
     /// lock, noting who else holds it (`in_use`).
+    ///
+    /// # Errors
+    /// `Busy` as above; `Io` when the file cannot be opened.
     pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
         Self::open_as(path, writable, writable)
     }
 
     /// Opens an image with its exclusive lock even when read-only: a mount, which
     /// must be the image's only user whether or not it writes.
+    ///
+    /// # Errors
+    /// As [`FileDevice::open`], and `Busy` while another process holds the lock.
     pub fn open_locked(path: &Path, writable: bool) -> Result<FileDevice> {
         Self::open_as(path, writable, true)
     }
@@ -225,14 +257,17 @@ pub struct MemDevice {
 }
 
 impl MemDevice {
+    /// A device holding `data` (its size is `data.len()`).
     pub fn new(data: Vec<u8>) -> MemDevice {
         MemDevice { data: parking_lot::RwLock::new(data), counters: Counters::default() }
     }
 
+    /// The bytes, giving up the device.
     pub fn into_inner(self) -> Vec<u8> {
         self.data.into_inner()
     }
 
+    /// A copy of the bytes.
     pub fn contents(&self) -> Vec<u8> {
         self.data.read().clone()
     }

@@ -120,6 +120,30 @@ impl Filesystem {
         self.dir_block(dir, inode, lblk)
     }
 
+    /// Adds a name to the leaf of an indexed directory its hash leads to, if that
+    /// leaf has room; false (nothing changed) when it is full. Changes no index
+    /// node and not the inode, so a caller holding the structure lock for reading
+    /// may call it (pdirops: the leaf's buffer lock makes the insert atomic).
+    pub(crate) fn dx_add_to_leaf(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        inode: &Inode,
+        name: &[u8],
+        ino: u32,
+        ft: u8,
+    ) -> Result<bool> {
+        let root_version = {
+            let root = self.dir_block(dir, inode, 0)?;
+            let v = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
+            v
+        };
+        let hash = self.dx_hash_of(root_version, name)?;
+        let (_, _, frames) = self.dx_frames(dir, inode, hash)?;
+        let f = frames.last().expect("an htree has a root frame");
+        self.insert_in_block(tx, dir, inode, f.entries[f.at].block as u64, name, ino, ft)
+    }
+
     /// Adds a name to an indexed directory; returns the directory inode as updated.
     pub(crate) fn dx_add_entry(
         &self,

@@ -36,8 +36,11 @@ pub mod index;
 /// One name in a directory, owned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntryOwned {
+    /// The inode the name points at.
     pub ino: u32,
+    /// The entry's type byte (EXT4_FT_*: 1 file, 2 directory, 7 symlink...; 0 without `filetype`).
     pub file_type: u8,
+    /// The name, as bytes.
     pub name: Vec<u8>,
 }
 
@@ -134,6 +137,9 @@ impl Filesystem {
     }
 
     /// Every entry of the directory, "." and ".." included, in on-disk order.
+    ///
+    /// # Errors
+    /// `NotADirectory` when `ino` is not a directory; `Corrupt` for a damaged directory block.
     pub fn read_dir(&self, ino: u32) -> Result<Vec<DirEntryOwned>> {
         let _structure = self.dir_structure.read(ino as u64);
         self.read_dir_locked(ino)
@@ -251,7 +257,20 @@ impl Filesystem {
     /// reserved inode, or an inode without links, is corrupt, as the kernel's ext4_lookup has it ("deleted
     /// inode referenced"): serving it would let its blocks be used twice, and its
     /// last close free it again.
+    ///
+    /// # Errors
+    /// `NotADirectory` when `dir` is not a directory; `Corrupt` for a damaged directory or an entry
+    /// naming a deleted or reserved inode.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+        // Under pdirops a change holds its names' slots from its lookup to its
+        // last block change: waiting on the slot (shared) shows a rename whole.
+        let _slot = self.pdirops.then(|| self.name_locks.read(crate::ns::pdirops::slot_key(dir, name)));
+        self.lookup_held(dir, name)
+    }
+
+    /// `lookup` for a caller that holds the name's slot (a change of names), or
+    /// needs none.
+    pub(crate) fn lookup_held(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
         let found = {
             let _structure = self.dir_structure.read(dir as u64);
             self.lookup_entry(dir, name)?

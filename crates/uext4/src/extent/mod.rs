@@ -36,6 +36,7 @@ pub struct Mapping {
 }
 
 impl Filesystem {
+    #[doc(hidden)]
     /// Maps up to `max_len` blocks starting at `lblk`.
     pub fn map_blocks(&self, ino: u32, inode: &Inode, lblk: u64, max_len: u64) -> Result<Mapping> {
         let max_len = max_len.clamp(1, MAX_LBLK.saturating_sub(lblk).max(1));
@@ -152,6 +153,7 @@ impl Filesystem {
         Ok(())
     }
 
+    #[doc(hidden)]
     /// Every mapping of the file, in order, for `stat`-style reports. Bounded by
     /// i_size; holes are included.
     pub fn file_mappings(&self, ino: u32, inode: &Inode) -> Result<Vec<Mapping>> {

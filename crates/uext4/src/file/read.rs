@@ -12,6 +12,10 @@ const MAX_RUN_BLOCKS: u64 = 256;
 
 impl Filesystem {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many (0 at or past EOF).
+    ///
+    /// # Errors
+    /// `IsADirectory` for a directory; `NotFound` for an inode not in use; `Corrupt` for a damaged
+    /// mapping; `Io` when the device fails.
     pub fn read(&self, ino: u32, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let inode = self.inode(ino)?;
         self.read_inode_data(ino, &inode, offset, buf)
@@ -56,6 +60,9 @@ impl Filesystem {
     }
 
     /// The whole content of a file (or symlink) as bytes.
+    ///
+    /// # Errors
+    /// As [`Filesystem::read`]; `Invalid` for a file too large for memory.
     pub fn read_all(&self, ino: u32) -> Result<Vec<u8>> {
         let inode = self.inode(ino)?;
         let size = usize::try_from(inode.i_size)
@@ -72,6 +79,9 @@ impl Filesystem {
 
     /// A symlink's target. Fast symlinks keep it in i_block; others in a data block
     /// or inline.
+    ///
+    /// # Errors
+    /// `Invalid` when `ino` is not a symlink; `Corrupt` for a damaged one.
     pub fn read_link(&self, ino: u32) -> Result<Vec<u8>> {
         let inode = self.inode(ino)?;
         if !inode.is_symlink() {

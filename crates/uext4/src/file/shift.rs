@@ -27,7 +27,7 @@ impl Filesystem {
         if len == 0 {
             return Err(Error::Invalid(format!("{what} of 0 bytes")));
         }
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("{what} on directory inode {ino}")));

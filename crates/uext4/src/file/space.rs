@@ -37,6 +37,12 @@ impl Filesystem {
     /// read as zeros, keeping it allocated; COLLAPSE_RANGE and INSERT_RANGE
     /// remove or open a block-aligned range, moving the rest of the file
     /// (file/shift.rs).
+    ///
+    /// # Errors
+    /// `Invalid` for unknown or unsupported mode combinations and for shifts the
+    /// kernel refuses; `Unsupported` (EOPNOTSUPP) for preallocation or shifts on
+    /// block-mapped files; `NoSpace` part-way (what was allocated stays);
+    /// `FileTooLarge`; `NoDevice`/`NotSeekable` for devices and fifos; `ReadOnly`; `Corrupt`.
     pub fn fallocate(&self, ino: u32, offset: u64, len: u64, mode: u32) -> Result<()> {
         let shifts = FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE;
         let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE | shifts;
@@ -64,7 +70,7 @@ impl Filesystem {
                 self.max_file_size()
             ))
         })?;
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("fallocate on directory inode {ino}")));
@@ -225,6 +231,9 @@ impl Filesystem {
 
     /// lseek(2)'s SEEK_DATA (`data`) or SEEK_HOLE from `offset`: the offset found,
     /// or None (ENXIO) when `offset` is at or past the end, or no data follows it.
+    ///
+    /// # Errors
+    /// `NotFound` for an inode not in use; `Corrupt` for a damaged mapping.
     pub fn seek_data_or_hole(&self, ino: u32, offset: u64, data: bool) -> Result<Option<u64>> {
         let inode = self.inode(ino)?;
         if offset >= inode.i_size {
@@ -262,6 +271,7 @@ impl Filesystem {
         by_extents.min(by_i_blocks)
     }
 
+    #[doc(hidden)]
     /// The largest size of a block-mapped (ext2/3-style) file, the kernel's
     /// s_bitmap_maxbytes: what 12 direct, one indirect, one double and one triple
     /// indirect pointer reach, less what i_blocks (48-bit with huge_file, else

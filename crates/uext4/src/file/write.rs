@@ -25,8 +25,13 @@ impl Filesystem {
     /// kernel does, a write starting at or past the largest file size fails with
     /// EFBIG and one crossing it is cut short there; running out of space part-way
     /// is a short write. Whatever was written is recorded in the inode.
+    ///
+    /// # Errors
+    /// `FileTooLarge` at or past ext4's largest file; `NoSpace` when no block is left for the first
+    /// byte; `IsADirectory` for a directory; `ReadOnly` on a read-only or failed filesystem; `Corrupt`
+    /// for a damaged mapping; `Io` when the device fails.
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("writing to directory inode {ino}")));

@@ -43,7 +43,9 @@ const I_CHECKSUM_HI: usize = 0x82;
 /// applied) and nanoseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Timestamp {
+    /// Seconds since 1970 (negative before).
     pub sec: i64,
+    /// Nanoseconds (0 with 128-byte inodes, which hold seconds only).
     pub nsec: u32,
 }
 
@@ -74,6 +76,8 @@ impl Timestamp {
         Timestamp { sec, nsec }
     }
 
+    /// The on-disk pair: the low 32 bits of the seconds, and the `_extra` word
+    /// (nanoseconds above two epoch bits).
     pub fn encode(self) -> (u32, u32) {
         let epoch = ((self.sec - (self.sec as i32 as i64)) >> 32) as u32 & 3;
         (self.sec as u32, (self.nsec << 2) | epoch)

@@ -6,7 +6,7 @@
 //! starts with a 12-byte header: magic, block type, transaction sequence.
 //!
 //! Checksums (csum v2/v3) are raw crc32c seeded with crc32c(~0, s_uuid): descriptor
-//! and revoke blocks carry one in a 4-byte tail, the commit block in h_chksum[0], each
+//! and revoke blocks carry one in a 4-byte tail, the commit block in `h_chksum[0]`, each
 //! data block in its tag (crc32c over be32 sequence then the block; v2 keeps 16
 //! bits). The journal superblock's own checksum is crc32c(~0, its 1024 bytes with
 //! s_checksum zeroed).
@@ -284,7 +284,7 @@ pub fn verify_tail(jsb: &JournalSuperblock, block: &[u8]) -> bool {
     !jsb.has_csum_v2_or_v3() || be32(block, block.len() - TAIL_SIZE) == tail_checksum(jsb.csum_seed(), block)
 }
 
-/// Checksum of a commit block: over the block with h_chksum[0] zeroed.
+/// Checksum of a commit block: over the block with `h_chksum[0]` zeroed.
 pub fn commit_checksum(seed: u32, block: &[u8]) -> u32 {
     let c = crc32c(seed, &block[..0x10]);
     let c = crc32c(c, &[0; 4]);

@@ -188,9 +188,10 @@ thread_local! {
     pub(crate) static HANDLES_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
+/// The commit block's time (the fixed time when one is set: `clock`).
 fn now() -> (u64, u32) {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    (d.as_secs(), d.subsec_nanos())
+    let (sec, nsec) = crate::clock::precise();
+    (u64::try_from(sec).unwrap_or(0), nsec)
 }
 
 fn io_error(why: &str) -> Error {

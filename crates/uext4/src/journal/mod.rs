@@ -44,6 +44,9 @@ impl Filesystem {
     /// Makes every change so far durable: through the journal when there is one
     /// (the changes then wait in the log for a checkpoint), otherwise by writing
     /// them home (`sync`). The caller holds no lock of the filesystem.
+    ///
+    /// # Errors
+    /// `Io` (EIO) once the filesystem has failed, or when the device fails.
     pub fn commit(&self) -> Result<()> {
         let Some(journal) = self.vol.journal() else { return self.sync() };
         if self.is_read_only() {
@@ -68,6 +71,9 @@ impl Filesystem {
     /// for the commit of the transaction that holds the inode's last change, or,
     /// when that has committed already, flushes the device (data overwritten in
     /// place may sit in its cache). In the error state: EIO.
+    ///
+    /// # Errors
+    /// `Io` (EIO) once the filesystem has failed, or when the device fails.
     pub fn fsync(&self, ino: u32) -> Result<()> {
         self.inode(ino)?;
         if self.vol.opened_read_only() {
@@ -94,6 +100,7 @@ impl Filesystem {
         }
     }
 
+    #[doc(hidden)]
     /// Counters of the journal since open (None without a journal).
     pub fn journal_stats(&self) -> Option<log::JournalStats> {
         self.vol.journal().map(|j| j.stats())

@@ -2,11 +2,13 @@
 //! setattr — the inode-level API a FUSE low-level frontend calls. File data
 //! (write, truncate, fallocate) is the file layer's (`file`).
 //!
-//! Locks, in docs/ARCHITECTURE.md's order: the parent directory's name lock, then
-//! the inode locks of every inode changed, in ascending inode number, then the
+//! Locks, in docs/ARCHITECTURE.md's order: the parent directory's lock and, under
+//! pdirops, the name's slot (`ns::pdirops`), then the inode locks in ascending
+//! inode number (the parent's shared, every inode changed exclusive), then the
 //! transaction handle, then the structure lock of every directory whose blocks
-//! change (for writing, until its inode is written). A directory takes a new name
-//! only while linked, checked under its inode lock. Every change runs in one handle and checks everything that
+//! change (read for a change inside one leaf under pdirops, else write until its
+//! inode is written), the parent's attribute lock last. A directory takes a new
+//! name only while linked, checked under its inode lock. Every change runs in one handle and checks everything that
 //! can refuse it (names, limits, space, what it will free) before its first
 //! `tx.dirty`: a handle that fails after that aborts the journal (see
 //! journal/handle.rs). Directories of every kind are changed through `dir`
@@ -17,6 +19,7 @@ use crate::format::dirent::{self, file_type_from_mode, EXT4_FT_DIR};
 use crate::format::inode::*;
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
+use crate::locks::Mode;
 use crate::ns::Stat;
 
 /// Worst-case new blocks for one name: a directory block or leaf split, index
@@ -26,10 +29,11 @@ pub(crate) const NAME_SPACE_BLOCKS: u64 = 16;
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
-/// The time the library stamps changes with (the precise wall clock).
+/// The time the library stamps changes with (the precise wall clock, or the
+/// time `clock::set_fixed_time` fixed).
 pub fn now() -> Timestamp {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timestamp { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    let (sec, nsec) = crate::clock::precise();
+    Timestamp { sec, nsec }
 }
 
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
@@ -51,6 +55,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 }
 
 impl Filesystem {
+    #[doc(hidden)]
     /// A time as this filesystem stores it, as the kernel's timestamp_truncate
     /// gives it: inodes big enough for the `_extra` words (the kernel asks the
     /// inode size, not each inode's i_extra_isize) range to 2446 in nanoseconds,
@@ -118,13 +123,14 @@ impl Filesystem {
         check_name(name)?;
         let _caller = crate::alloc::acting_as_unless_set(owner);
         let is_dir = mode & S_IFMT == S_IFDIR;
-        let _name_lock = self.dir_locks.lock(parent as u64);
+        let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        // The parent's inode lock comes before the handle (see journal/handle.rs).
-        let _parent_lock = self.inode_locks.lock(parent as u64);
+        // The parent's inode lock, shared, comes before the handle (see
+        // journal/handle.rs); its removal holds it exclusive.
+        let _parent_lock = self.inode_locks.read(parent as u64);
         self.require_live_dir(parent)?;
         let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
         let request = self.inode_request(parent, name, is_dir)?;
@@ -133,17 +139,13 @@ impl Filesystem {
         let mut inode = self.new_inode(mode, owner);
         init(self, &mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
-        // From the first change of the parent's blocks until its inode (which maps
-        // them) is written, lookups and listings of it wait (dir/mod.rs).
-        let _structure = self.dir_structure.write(parent as u64);
-        self.uninline(&mut tx, parent)?;
-        let parent_inode = self.inode(parent)?;
-        let mut dir = self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(mode))?;
-        Self::touch_dir(&mut dir);
-        if is_dir {
-            dir.i_links_count = if dir.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { dir.i_links_count + 1 };
-        }
-        self.write_inode(&mut tx, parent, &dir)?;
+        let entry = (name, ino, file_type_from_mode(mode));
+        self.add_name(&mut tx, parent, names.parallel(parent), entry, &|dir| {
+            Self::touch_dir(dir);
+            if is_dir {
+                dir.i_links_count = if dir.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { dir.i_links_count + 1 };
+            }
+        })?;
         tx.finish()?;
         self.stat(ino)
     }
@@ -161,14 +163,14 @@ impl Filesystem {
         &self,
         tx: &mut Handle,
         request: &crate::alloc::InodeRequest,
-    ) -> Result<(u32, crate::locks::Held<'_>)> {
+    ) -> Result<(u32, crate::locks::RwHeld<'_>)> {
         const TRIES: usize = 16;
         let is_dir = request.is_dir;
         let mut passed_over = Vec::new();
         let mut found = None;
         for _ in 0..TRIES {
             let ino = self.alloc.alloc_inode_for(tx, request)?;
-            match self.inode_locks.try_lock(ino as u64) {
+            match self.inode_locks.try_write(ino as u64) {
                 Some(held) => {
                     found = Some((ino, held));
                     break;
@@ -208,6 +210,11 @@ impl Filesystem {
     }
 
     /// Creates an empty regular file.
+    ///
+    /// # Errors
+    /// `Exists` when `name` is taken; `NotFound` when `parent` is gone; `NotADirectory` when `parent`
+    /// is not a directory; `NameTooLong` past 255 bytes; `NoSpace` when no inode or block is left;
+    /// `ReadOnly` on a read-only or failed filesystem; `Corrupt` when what it reads is damaged.
     pub fn create(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
         self.create_node(parent, name, S_IFREG | (perm & 0o7777), owner, 0, &|_, _, _, i| {
             i.i_links_count = 1;
@@ -216,6 +223,9 @@ impl Filesystem {
     }
 
     /// Creates a fifo, socket or device node; `rdev` is (major, minor).
+    ///
+    /// # Errors
+    /// As [`Filesystem::create`].
     pub fn mknod(&self, parent: u32, name: &[u8], mode: u16, rdev: (u32, u32), owner: Owner) -> Result<Stat> {
         let kind = mode & S_IFMT;
         // The kernel's may_mknod: a directory is EPERM, a regular file is made.
@@ -244,6 +254,10 @@ impl Filesystem {
         })
     }
 
+    /// Creates a directory holding `.` and `..`.
+    ///
+    /// # Errors
+    /// As [`Filesystem::create`]; `TooManyLinks` when `parent` is at ext4's link limit.
     pub fn mkdir(&self, parent: u32, name: &[u8], perm: u16, owner: Owner) -> Result<Stat> {
         self.create_node(parent, name, S_IFDIR | (perm & 0o7777), owner, 1, &|fs, tx, ino, i| {
             i.i_links_count = 2;
@@ -269,6 +283,9 @@ impl Filesystem {
     }
 
     /// A symlink: the target in i_block when shorter than 60 bytes, else in a block.
+    ///
+    /// # Errors
+    /// As [`Filesystem::create`].
     pub fn symlink(&self, parent: u32, name: &[u8], target: &[u8], owner: Owner) -> Result<Stat> {
         if target.is_empty() {
             return Err(Error::NotFound("an empty symlink target".into()));
@@ -296,14 +313,19 @@ impl Filesystem {
     }
 
     /// A new name for an existing non-directory inode.
+    ///
+    /// # Errors
+    /// `Exists` when `name` is taken; `NotPermitted` for a directory; `TooManyLinks` at ext4's link
+    /// limit; `NotFound`, `NotADirectory`, `NameTooLong`, `NoSpace`, `ReadOnly`, `Corrupt` as for
+    /// [`Filesystem::create`].
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<Stat> {
         check_name(name)?;
-        let _name_lock = self.dir_locks.lock(parent as u64);
+        let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
-        if self.lookup(parent, name)?.is_some() {
+        if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
-        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);
         let mut inode = (*self.inode(ino)?).clone();
         if inode.is_dir() {
             return Err(Error::NotPermitted("hard links to directories are not allowed".into()));
@@ -319,13 +341,8 @@ impl Filesystem {
         self.require_live_dir(parent)?;
         let _space = self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
-        let _structure = self.dir_structure.write(parent as u64);
-        self.uninline(&mut tx, parent)?;
-        let parent_inode = self.inode(parent)?;
-        let mut dir =
-            self.add_entry(&mut tx, parent, (*parent_inode).clone(), name, ino, file_type_from_mode(inode.i_mode))?;
-        Self::touch_dir(&mut dir);
-        self.write_inode(&mut tx, parent, &dir)?;
+        let entry = (name, ino, file_type_from_mode(inode.i_mode));
+        self.add_name(&mut tx, parent, names.parallel(parent), entry, &Self::touch_dir)?;
         inode.i_links_count += 1;
         inode.i_ctime = now();
         self.write_inode(&mut tx, ino, &inode)?;
@@ -334,11 +351,19 @@ impl Filesystem {
     }
 
     /// Removes a name of a non-directory; the inode is freed with its last link.
+    ///
+    /// # Errors
+    /// `NotFound` when there is no such name; `IsADirectory` for a directory (use
+    /// [`Filesystem::rmdir`]); `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<()> {
         self.remove_name(parent, name, false)
     }
 
     /// Removes an empty directory.
+    ///
+    /// # Errors
+    /// `NotFound` when there is no such name; `NotADirectory` for a non-directory; `NotEmpty` when it
+    /// holds entries; `Busy` for `.` or `..`; `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<()> {
         self.remove_name(parent, name, true)
     }
@@ -353,11 +378,13 @@ impl Filesystem {
                 (true, _) => Error::NotEmpty(what),
             });
         }
-        let _name_lock = self.dir_locks.lock(parent as u64);
+        let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
-        let ino = self.lookup(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
-        let _inode_locks = self.inode_locks.lock_many(&[parent as u64, ino as u64]);
+        let ino = self.lookup_held(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        // The removed inode exclusive: for a directory, creates in it hold it
+        // shared, so it stays empty from the check below to its removal.
+        let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);
         let mut inode = (*self.inode(ino)?).clone();
         match (want_dir, inode.is_dir()) {
             (true, false) => return Err(Error::NotADirectory(shown())),
@@ -391,19 +418,26 @@ impl Filesystem {
             self.check_releasable(ino, &inode)?;
         }
         let mut tx = self.begin(10)?;
-        // The parent's blocks change; a removed directory's are freed: readers of
-        // either wait, then find the name gone or the directory removed.
-        let changed: Vec<u64> = [parent, ino].into_iter().take(if want_dir { 2 } else { 1 }).map(u64::from).collect();
-        let _structure = self.dir_structure.write_many(&changed);
-        self.uninline(&mut tx, parent)?;
+        // The parent's blocks change (under pdirops only its leaf: a read hold);
+        // a removed directory's are freed: readers of either wait, then find the
+        // name gone or the directory removed.
+        let parallel = names.parallel(parent);
+        let mut structure = vec![(parent as u64, if parallel { Mode::Shared } else { Mode::Exclusive })];
+        if want_dir {
+            structure.push((ino as u64, Mode::Exclusive));
+        }
+        let _structure = self.dir_structure.lock_modes(&structure);
+        if !parallel {
+            self.uninline(&mut tx, parent)?;
+        }
         let parent_inode = self.inode(parent)?;
         self.remove_entry(&mut tx, parent, &parent_inode, name)?;
-        let mut dir = (*self.inode(parent)?).clone();
-        Self::touch_dir(&mut dir);
-        if want_dir && dir.i_links_count > 2 {
-            dir.i_links_count -= 1;
-        }
-        self.write_inode(&mut tx, parent, &dir)?;
+        self.update_dir_attrs(&mut tx, parent, None, &|dir| {
+            Self::touch_dir(dir);
+            if want_dir && dir.i_links_count > 2 {
+                dir.i_links_count -= 1;
+            }
+        })?;
         inode.i_ctime = now();
         inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
         if inode.i_links_count == 0 {
@@ -468,8 +502,13 @@ pub struct SetAttr {
 impl Filesystem {
     /// Changes mode, owner, size or times. Shrinking frees the blocks past the new
     /// end; growing only moves i_size (the new range reads as a hole).
+    ///
+    /// # Errors
+    /// `NotFound` for an inode not in use; `FileTooLarge` for a size past ext4's largest file;
+    /// `NoSpace` when shrinking needs an extent-tree block none is left for; `ReadOnly`, `Corrupt` as
+    /// for [`Filesystem::create`].
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         if let Some(size) = attr.size {
             // Refused before anything changes.
             self.check_truncate(ino, size)?;
@@ -524,7 +563,7 @@ mod tests {
         let first = fs.create(ROOT_INO, b"first", 0o644, owner).unwrap().ino;
         // Inodes are handed out in order from the parent's group: the next is free.
         let next = first + 1;
-        let stale = fs.inode_locks.lock(next as u64);
+        let stale = fs.inode_locks.write(next as u64);
         let (done, result) = std::sync::mpsc::channel();
         let creator = fs.clone();
         std::thread::spawn(move || done.send(creator.create(ROOT_INO, b"second", 0o644, owner)).unwrap());

@@ -7,6 +7,7 @@ use crate::fs::Filesystem;
 
 pub mod change;
 pub mod orphan;
+pub(crate) mod pdirops;
 pub mod rename;
 use std::collections::HashSet;
 
@@ -16,16 +17,24 @@ const MAX_SYMLINK_FOLLOWS: usize = 40;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileType {
+    /// Regular file.
     Regular,
+    /// Directory.
     Directory,
+    /// Symbolic link.
     Symlink,
+    /// Character device node.
     CharDevice,
+    /// Block device node.
     BlockDevice,
+    /// Named pipe.
     Fifo,
+    /// Unix socket.
     Socket,
 }
 
 impl FileType {
+    /// The type of an inode's i_mode; None for a type ext4 does not know.
     pub fn from_mode(mode: u16) -> Option<FileType> {
         Some(match mode & S_IFMT {
             S_IFREG => FileType::Regular,
@@ -56,27 +65,41 @@ impl FileType {
 /// Inode attributes, as `stat(2)` reports them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
+    /// Inode number.
     pub ino: u32,
+    /// What kind of file.
     pub file_type: FileType,
     /// Permission bits and setuid/setgid/sticky (mode & 0o7777).
     pub perm: u16,
+    /// Hard links (directories: 2 plus subdirectories, or 1 past ext4's link limit).
     pub nlink: u32,
+    /// Owner.
     pub uid: u32,
+    /// Group.
     pub gid: u32,
+    /// Size in bytes.
     pub size: u64,
     /// 512-byte units, as st_blocks.
+    /// Blocks, less the metadata overhead (as the kernel's f_blocks).
     pub blocks: u64,
+    /// Last access.
     pub atime: Timestamp,
+    /// Last change of content.
     pub mtime: Timestamp,
+    /// Last change of the inode.
     pub ctime: Timestamp,
+    /// Creation (256-byte inodes only).
     pub crtime: Option<Timestamp>,
     /// (major, minor) for device inodes.
     pub rdev: (u32, u32),
+    /// The inode's flags (EXT4_*_FL).
     pub flags: u32,
+    /// i_generation (NFS file handles).
     pub generation: u32,
 }
 
 impl Stat {
+    /// st_mode: the type bits and the permission bits.
     pub fn mode(&self) -> u32 {
         let t = match self.file_type {
             FileType::Regular => S_IFREG,
@@ -92,6 +115,10 @@ impl Stat {
 }
 
 impl Filesystem {
+    /// The attributes of inode `ino`, as stat(2) shows them.
+    ///
+    /// # Errors
+    /// `NotFound` for an inode not in use or out of range; `Corrupt` for a damaged inode.
     pub fn stat(&self, ino: u32) -> Result<Stat> {
         let i = self.inode(ino)?;
         let file_type = FileType::from_mode(i.i_mode).ok_or_else(|| {
@@ -123,6 +150,10 @@ impl Filesystem {
 
     /// Resolves an absolute path to an inode. Symlinks in the middle of the path are
     /// followed; the last component is not (lstat semantics).
+    ///
+    /// # Errors
+    /// `NotFound` for a missing component; `NotADirectory` when a component before the last is not a
+    /// directory; `SymlinkLoop` after too many symlinks; `NameTooLong`; `Corrupt`.
     pub fn lookup_path(&self, path: &[u8]) -> Result<u32> {
         let shown = String::from_utf8_lossy(path).into_owned();
         let mut pending: Vec<Vec<u8>> = split_path(path);
@@ -170,6 +201,9 @@ impl Filesystem {
     /// Directories are visited before their contents. A directory reached twice (a
     /// loop or a second link to a directory, both corrupt) ends the walk with an
     /// error, so a damaged tree costs at most one pass over each directory.
+    ///
+    /// # Errors
+    /// What `visit` returns, and `Corrupt` for a damaged or looping tree.
     pub fn walk(&self, start: u32, visit: &mut dyn FnMut(&[u8], &Stat) -> Result<()>) -> Result<()> {
         let st = self.stat(start)?;
         visit(b"/", &st)?;
@@ -213,14 +247,19 @@ fn split_path(path: &[u8]) -> Vec<Vec<u8>> {
 /// Filesystem-wide figures, as statfs(2) reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatFs {
+    /// Block size in bytes.
     pub block_size: u32,
     pub blocks: u64,
+    /// Free blocks.
     pub free_blocks: u64,
     /// Free blocks an unprivileged user may take (less the reserved ones and
     /// the emergency pool).
     pub available_blocks: u64,
+    /// Inodes.
     pub inodes: u64,
+    /// Free inodes.
     pub free_inodes: u64,
+    /// Longest name (255).
     pub name_max: u32,
 }
 
@@ -245,6 +284,7 @@ impl Filesystem {
 }
 
 impl Filesystem {
+    #[doc(hidden)]
     /// Blocks ext4 counts as overhead (the kernel's ext4_calculate_overhead):
     /// those before s_first_data_block; per group its superblock backup with the
     /// group descriptor and reserved GDT blocks next to it, its inode table and two

@@ -101,7 +101,7 @@ impl Filesystem {
     /// an inode whose last name went before this open (and that nobody holds open)
     /// is gone, whatever a caller's stale number says.
     pub fn open_inode(&self, ino: u32) -> Result<()> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
         let mut open = self.open_files.lock();
         if inode.i_links_count == 0 && !open.contains_key(&ino) {
@@ -117,7 +117,7 @@ impl Filesystem {
     /// lock whether to free the inode or record it as an orphan) sees either the
     /// open or the close whole: the inode is released exactly once.
     pub fn close_inode(&self, ino: u32) -> Result<()> {
-        let _lock = self.inode_locks.lock(ino as u64);
+        let _lock = self.inode_locks.write(ino as u64);
         {
             let mut open = self.open_files.lock();
             let Some(n) = open.get_mut(&ino) else {

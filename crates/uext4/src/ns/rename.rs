@@ -2,16 +2,19 @@
 //! directories (moving ".." and the parents' link counts), RENAME_NOREPLACE and
 //! RENAME_EXCHANGE.
 //!
-//! Locks, in DESIGN.md's order: the filesystem-wide rename lock for a
+//! Locks, in docs/ARCHITECTURE.md's order: the filesystem-wide rename lock for a
 //! cross-directory rename (it keeps the ancestor check true until the move is
-//! done), both directories' name locks in inode order, then the inode locks of
-//! every inode involved in ascending order.
+//! done), both directories' locks in inode order and, under pdirops, both
+//! names' slots (`ns::pdirops`), then the inode locks of every inode involved
+//! in ascending order (the parents shared), the handle, the structure locks, and
+//! each parent's attribute lock last.
 
 use super::change::{check_name, now, EXT4_LINK_MAX};
 use crate::error::{Error, Result};
 use crate::format::dirent::file_type_from_mode;
 use crate::format::inode::Inode;
 use crate::fs::Filesystem;
+use crate::locks::Mode;
 use crate::ns::ROOT_INO;
 
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -29,15 +32,6 @@ fn dec_links(i: &mut Inode) {
     }
 }
 
-/// The parent directories being changed: one entry when both are the same.
-struct Parents(Vec<(u32, Inode)>);
-
-impl Parents {
-    fn get(&mut self, ino: u32) -> &mut Inode {
-        &mut self.0.iter_mut().find(|(i, _)| *i == ino).expect("a parent of this rename").1
-    }
-}
-
 impl Filesystem {
     /// Is `dir` the directory `ancestor` or below it? Walks ".." up to the root.
     fn is_within(&self, dir: u32, ancestor: u32) -> Result<bool> {
@@ -50,12 +44,20 @@ impl Filesystem {
                 return Ok(false);
             }
             at = self
-                .lookup(at, b"..")?
+                .lookup_held(at, b"..")?
                 .ok_or_else(|| Error::corrupt("directory has no '..'", format!("inode {at}")))?;
         }
         Err(Error::corrupt("'..' chain does not reach the root", format!("inode {dir}")))
     }
 
+    /// Renames `src_name` in `src_dir` to `dst_name` in `dst_dir`, replacing what is there as rename(2)
+    /// does; `flags` are renameat2's (`RENAME_NOREPLACE` 1, `RENAME_EXCHANGE` 2).
+    ///
+    /// # Errors
+    /// `NotFound` when the source is missing; `Exists` (NOREPLACE) or `NotEmpty` (a non-empty
+    /// directory) at the destination; `IsADirectory`/`NotADirectory` when the two kinds differ;
+    /// `Invalid` when a directory would move into itself or for unknown flags; `Busy` for `.` or `..`;
+    /// `NameTooLong`, `NoSpace`, `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn rename(&self, src_dir: u32, src_name: &[u8], dst_dir: u32, dst_name: &[u8], flags: u32) -> Result<()> {
         // As the kernel's do_renameat2: '.' or '..' on either side is EBUSY (EEXIST
         // as a destination under NOREPLACE).
@@ -76,12 +78,12 @@ impl Filesystem {
         let exchange = flags & RENAME_EXCHANGE != 0;
         let cross = src_dir != dst_dir;
         let _rename_lock = cross.then(|| self.rename_lock.lock());
-        let _name_locks = self.dir_locks.lock_many(&[src_dir as u64, dst_dir as u64]);
+        let names = self.lock_names(&[(src_dir, src_name), (dst_dir, dst_name)])?;
         self.require_dir(src_dir)?;
         self.require_dir(dst_dir)?;
         let shown = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
-        let src = self.lookup(src_dir, src_name)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
-        let dst = self.lookup(dst_dir, dst_name)?;
+        let src = self.lookup_held(src_dir, src_name)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
+        let dst = self.lookup_held(dst_dir, dst_name)?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(Error::Exists(shown(dst_name)));
         }
@@ -110,9 +112,12 @@ impl Filesystem {
                 _ => {}
             }
         }
-        let mut keys = vec![src_dir as u64, dst_dir as u64, src as u64];
-        keys.extend(dst.map(|d| d as u64));
-        let _inode_locks = self.inode_locks.lock_many(&keys);
+        // The parents shared (their names change, not they), the inodes moved or
+        // replaced exclusive: a directory replaced holds no new name meanwhile.
+        let mut keys =
+            vec![(src_dir as u64, Mode::Shared), (dst_dir as u64, Mode::Shared), (src as u64, Mode::Exclusive)];
+        keys.extend(dst.map(|d| (d as u64, Mode::Exclusive)));
+        let _inode_locks = self.inode_locks.lock_modes(&keys);
         // Under the inode locks: a create into the directory being replaced holds
         // its inode lock while adding the name, so it is empty now stays true, and
         // one waiting behind us finds it removed (`require_live_dir`).
@@ -142,26 +147,48 @@ impl Filesystem {
             None
         };
         let mut tx = self.begin(24)?;
-        // Every directory whose blocks may change (the parents, and moved or
-        // replaced directories: their ".." and inline conversion), write-locked in
-        // ascending order until their inodes are written (dir/mod.rs).
-        let changed_dirs: Vec<u64> = [src_dir, dst_dir]
-            .into_iter()
-            .chain(src_is_dir.then_some(src))
-            .chain(dst.filter(|_| dst_is_dir))
-            .map(u64::from)
-            .collect();
-        let _structure = self.dir_structure.write_many(&changed_dirs);
-        // Inline directories become block directories before their entries change.
-        for &ino in &changed_dirs {
-            self.uninline(&mut tx, ino as u32)?;
+        // Structure locks, ascending (dir/mod.rs): moved or replaced directories
+        // (their ".." and inline conversion) for writing until their inodes are
+        // written; each parent for reading when pdirops holds it by name (its
+        // leaves change, not its index), else for writing. A new name that finds
+        // its leaf full retries with its parent held for writing.
+        let parent_mode = |d: u32| if names.parallel(d) { Mode::Shared } else { Mode::Exclusive };
+        let moved: Vec<u32> = src_is_dir.then_some(src).into_iter().chain(dst.filter(|_| dst_is_dir)).collect();
+        let adds = !exchange && dst.is_none();
+        let src_ft = file_type_from_mode(self.inode(src)?.i_mode);
+        let mut dst_mode = parent_mode(dst_dir);
+        let (_structure, added) = loop {
+            let mut modes = vec![(src_dir as u64, parent_mode(src_dir)), (dst_dir as u64, dst_mode)];
+            modes.extend(moved.iter().map(|&d| (d as u64, Mode::Exclusive)));
+            let held = self.dir_structure.lock_modes(&modes);
+            if !(adds && dst_mode == Mode::Shared) {
+                break (held, false);
+            }
+            let dst_inode = self.inode(dst_dir)?;
+            if self.is_indexed(&dst_inode)
+                && self.dx_add_to_leaf(&mut tx, dst_dir, &dst_inode, dst_name, src, src_ft)?
+            {
+                break (held, true);
+            }
+            drop(held);
+            dst_mode = Mode::Exclusive;
+        };
+        // Inline directories become block directories before their entries
+        // change (a no-op on the parents held shared: those are indexed).
+        for ino in [src_dir, dst_dir].into_iter().chain(moved.iter().copied()) {
+            self.uninline(&mut tx, ino)?;
         }
-        let mut parents = Parents(vec![(src_dir, (*self.inode(src_dir)?).clone())]);
+        // Link count changes of each parent, applied under its attribute lock.
+        let mut links: Vec<(u32, i32)> = vec![(src_dir, 0)];
         if cross {
-            parents.0.push((dst_dir, (*self.inode(dst_dir)?).clone()));
+            links.push((dst_dir, 0));
         }
+        let mut link = |dir: u32, by: i32| {
+            if let Some(l) = links.iter_mut().find(|(d, _)| *d == dir) {
+                l.1 += by;
+            }
+        };
         let mut src_inode = (*self.inode(src)?).clone();
-        let src_ft = file_type_from_mode(src_inode.i_mode);
         let t = now();
         let mut dst_inode = match dst {
             Some(d) => Some((*self.inode(d)?).clone()),
@@ -172,8 +199,8 @@ impl Filesystem {
             let d = dst.unwrap();
             let d_inode = dst_inode.as_mut().unwrap();
             let d_ft = file_type_from_mode(d_inode.i_mode);
-            self.retarget_entry(&mut tx, src_dir, &parents.get(src_dir).clone(), src_name, d, d_ft)?;
-            self.retarget_entry(&mut tx, dst_dir, &parents.get(dst_dir).clone(), dst_name, src, src_ft)?;
+            self.retarget_entry(&mut tx, src_dir, &*self.inode(src_dir)?, src_name, d, d_ft)?;
+            self.retarget_entry(&mut tx, dst_dir, &*self.inode(dst_dir)?, dst_name, src, src_ft)?;
             if cross {
                 if src_is_dir {
                     self.set_dotdot(&mut tx, src, &src_inode, dst_dir)?;
@@ -183,20 +210,19 @@ impl Filesystem {
                 }
                 if src_is_dir != dst_is_dir {
                     let (from, to) = if src_is_dir { (src_dir, dst_dir) } else { (dst_dir, src_dir) };
-                    dec_links(parents.get(from));
-                    inc_links(parents.get(to));
+                    link(from, -1);
+                    link(to, 1);
                 }
             }
             d_inode.i_ctime = t;
         } else {
             if let Some(d) = dst {
-                let parent = parents.get(dst_dir).clone();
-                self.retarget_entry(&mut tx, dst_dir, &parent, dst_name, src, src_ft)?;
+                self.retarget_entry(&mut tx, dst_dir, &*self.inode(dst_dir)?, dst_name, src, src_ft)?;
                 let d_inode = dst_inode.as_mut().unwrap();
                 d_inode.i_ctime = t;
                 if dst_is_dir {
                     d_inode.i_links_count = 0;
-                    dec_links(parents.get(dst_dir));
+                    link(dst_dir, -1);
                 } else {
                     d_inode.i_links_count = d_inode.i_links_count.saturating_sub(1);
                 }
@@ -207,23 +233,32 @@ impl Filesystem {
                         self.release_inode(&mut tx, d, d_inode)?;
                     }
                 }
-            } else {
-                let parent = parents.get(dst_dir).clone();
-                *parents.get(dst_dir) = self.add_entry(&mut tx, dst_dir, parent, dst_name, src, src_ft)?;
+            } else if !added {
+                // The grown directory is written at once: the removal below (of the
+                // same directory, perhaps) maps its blocks through the cached inode.
+                let parent = (*self.inode(dst_dir)?).clone();
+                let grown = self.add_entry(&mut tx, dst_dir, parent, dst_name, src, src_ft)?;
+                self.update_dir_attrs(&mut tx, dst_dir, Some(grown), &|_| {})?;
             }
-            let parent = parents.get(src_dir).clone();
-            self.remove_entry(&mut tx, src_dir, &parent, src_name)?;
+            self.remove_entry(&mut tx, src_dir, &*self.inode(src_dir)?, src_name)?;
             if cross && src_is_dir {
                 self.set_dotdot(&mut tx, src, &src_inode, dst_dir)?;
-                dec_links(parents.get(src_dir));
-                inc_links(parents.get(dst_dir));
+                link(src_dir, -1);
+                link(dst_dir, 1);
             }
         }
         src_inode.i_ctime = t;
-        for (ino, inode) in parents.0.iter_mut() {
-            inode.i_mtime = t;
-            inode.i_ctime = t;
-            self.write_inode(&mut tx, *ino, inode)?;
+        for (ino, by) in links {
+            self.update_dir_attrs(&mut tx, ino, None, &|dir| {
+                (dir.i_mtime, dir.i_ctime) = (t, t);
+                for _ in 0..by.unsigned_abs() {
+                    if by > 0 {
+                        inc_links(dir);
+                    } else {
+                        dec_links(dir);
+                    }
+                }
+            })?;
         }
         self.write_inode(&mut tx, src, &src_inode)?;
         if let (Some(d), Some(d_inode)) = (dst, dst_inode.as_ref()) {

@@ -19,8 +19,11 @@ use std::sync::OnceLock;
 /// errors that leave no half-done change behind (images without a journal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Errors {
+    /// Go on (errors=continue).
     Continue,
+    /// Refuse changes from then on (errors=remount-ro).
     RemountRo,
+    /// Abort the process (errors=panic).
     Panic,
 }
 
