@@ -197,7 +197,7 @@ fn run_once(
     }
     mkfs.args(w.mkfs_args(quick));
     run_tool(mkfs.arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
-    let session = target.attach(&image, &mountpoint, &w.uext4_defaults(quick))?;
+    let session = target.attach(&image, &mountpoint, &w.uext4_defaults(quick), &w.kernel_mount_options())?;
     let mut runner = Runner {
         session: Some(session),
         workload: w.name(),
@@ -223,8 +223,22 @@ fn run_once(
         }
         Err(e) => return Err(BenchError(format!("running e2fsck: {e}"))),
     }
+    let mut samples = runner.samples;
+    for (phase, path) in w.extent_files(quick) {
+        let count = debugfs_extent_lines(&image, &path)?;
+        for s in samples.iter_mut().filter(|s| s.phase == phase) {
+            s.extents = Some(count);
+        }
+    }
     std::fs::remove_file(&image).map_err(|e| BenchError(format!("{}: {e}", image.display())))?;
-    Ok(runner.samples)
+    Ok(samples)
+}
+
+/// `debugfs -R 'ex PATH' IMAGE | wc -l`: how seed 001 counted a file's extents
+/// (the header line and index nodes included, as there).
+fn debugfs_extent_lines(image: &Path, path: &str) -> Result<u64, BenchError> {
+    let out = run_tool(Command::new("debugfs").arg("-R").arg(format!("ex /{path}")).arg(image))?;
+    Ok(out.lines().count() as u64)
 }
 
 /// Carries out a workload's phases on one session and records them.
@@ -286,6 +300,7 @@ impl Phases for Runner {
             device,
             model,
             latency_p99_ms: percentile_99(&mut latencies).map(|d| d.as_secs_f64() * 1000.0),
+            extents: None,
         });
         Ok(())
     }
@@ -297,6 +312,11 @@ impl Phases for Runner {
 
     fn restart(&mut self) -> Result<(), BenchError> {
         self.session().restart()
+    }
+
+    fn set_zeroout(&mut self, blocks: u32) -> Result<(), BenchError> {
+        let target = self.target.name();
+        self.session().set_zeroout(blocks).map_err(|e| BenchError(format!("{target}: {e}")))
     }
 
     fn threads(&mut self, threads: u64) {

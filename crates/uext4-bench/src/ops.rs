@@ -40,6 +40,9 @@ pub trait FileOps: Send {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
     fn set_len(&mut self, len: u64) -> io::Result<()>;
     fn fsync(&mut self) -> io::Result<()>;
+    /// fallocate(2) preallocating [offset, offset + len): unwritten extents,
+    /// the size grown over them unless `keep_size`.
+    fn fallocate(&mut self, offset: u64, len: u64, keep_size: bool) -> io::Result<()>;
 }
 
 /// Keeps uext4's message and gives the error the kind its errno maps to.
@@ -161,6 +164,11 @@ impl FileOps for Uext4File {
     fn fsync(&mut self) -> io::Result<()> {
         self.fs.fsync(self.ino).map_err(to_io)
     }
+
+    fn fallocate(&mut self, offset: u64, len: u64, keep_size: bool) -> io::Result<()> {
+        let mode = if keep_size { uext4::space::FALLOC_FL_KEEP_SIZE } else { 0 };
+        self.fs.fallocate(self.ino, offset, len, mode).map_err(to_io)
+    }
 }
 
 impl Drop for Uext4File {
@@ -271,5 +279,16 @@ impl FileOps for PosixFile {
 
     fn fsync(&mut self) -> io::Result<()> {
         self.0.sync_all()
+    }
+
+    fn fallocate(&mut self, offset: u64, len: u64, keep_size: bool) -> io::Result<()> {
+        use std::os::unix::io::AsRawFd;
+        let mode = if keep_size { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
+        // SAFETY: the descriptor is open for as long as self.0 lives.
+        let r = unsafe { libc::fallocate(self.0.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }

@@ -35,6 +35,9 @@ pub struct Sample {
     /// The 99th percentile of the phase's operation latencies, in milliseconds,
     /// for workloads that time each operation (`Phases::timed_latencies`).
     pub latency_p99_ms: Option<f64>,
+    /// Lines of debugfs `ex` for the phase's file after the run (seed 001's count),
+    /// for workloads that name one.
+    pub extents: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -314,6 +317,23 @@ impl Results {
         out
     }
 
+    /// Per target, the median of the extent counts of `phase` (none when no run counted).
+    fn median_extents(&self, workload: &str, phase: &str) -> Vec<(String, u64)> {
+        let mut by_target: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for s in self.samples.iter().filter(|s| s.workload == workload && s.phase == phase) {
+            if let Some(n) = s.extents {
+                by_target.entry(s.target.name()).or_default().push(n);
+            }
+        }
+        by_target
+            .into_iter()
+            .map(|(t, mut v)| {
+                v.sort_unstable();
+                (t, v[v.len() / 2])
+            })
+            .collect()
+    }
+
     pub fn markdown(&self) -> String {
         let mut md = String::new();
         let _ = writeln!(md, "Command: `{}`  ", self.command);
@@ -373,6 +393,20 @@ impl Results {
                     md,
                     "\nCost of the journal (time with it / time without, per round, median): {}.",
                     costs.join("; ")
+                );
+            }
+            let extent_lines: Vec<String> = self
+                .phases(&w.name)
+                .iter()
+                .flat_map(|phase| {
+                    self.median_extents(&w.name, phase).into_iter().map(move |(t, n)| format!("{phase} on {t}: {n}"))
+                })
+                .collect();
+            if !extent_lines.is_empty() {
+                let _ = writeln!(
+                    md,
+                    "\nExtents (`debugfs -R 'ex FILE' | wc -l` after the run, median): {}.",
+                    extent_lines.join("; ")
                 );
             }
             if !device_lines.is_empty() {
@@ -549,6 +583,7 @@ mod tests {
             device: None,
             model: None,
             latency_p99_ms: None,
+            extents: None,
         }
     }
 

@@ -189,12 +189,14 @@ impl Target {
     }
 
     /// Attaches the target to `image` (mounting at `mountpoint` if it mounts);
-    /// `defaults` are tunables for uext4's kinds that the target's own override.
+    /// `defaults` are tunables for uext4's kinds that the target's own override;
+    /// `kernel_options` are mount options the kernel's kinds add to their own.
     pub fn attach(
         &self,
         image: &Path,
         mountpoint: &Path,
         defaults: &[(String, String)],
+        kernel_options: &[&str],
     ) -> Result<Box<dyn Session>, BenchError> {
         let mut tunables: Vec<(String, String)> =
             defaults.iter().filter(|(k, _)| !self.tunables.iter().any(|(o, _)| o == k)).cloned().collect();
@@ -206,7 +208,9 @@ impl Target {
         };
         match self.kind {
             TargetKind::Uext4 | TargetKind::Uext4NoJournal => Ok(Box::new(Uext4Session::open(image, tunables)?)),
-            TargetKind::Kernel | TargetKind::KernelNoJournal => Ok(Box::new(KernelSession::mount(image, mountpoint)?)),
+            TargetKind::Kernel | TargetKind::KernelNoJournal => {
+                Ok(Box::new(KernelSession::mount(image, mountpoint, kernel_options)?))
+            }
             TargetKind::Fuse2fs => Ok(Box::new(fuse2fs(image, mountpoint)?)),
             TargetKind::Uext4Fuse => Ok(Box::new(uext4_mount(image, mountpoint, &options("io_uring=off"))?)),
             TargetKind::Uext4FuseUring => Ok(Box::new(uext4_mount(image, mountpoint, &options("io_uring=on"))?)),
@@ -243,6 +247,14 @@ pub trait Session {
     fn restart(&mut self) -> Result<(), BenchError>;
     /// Flushes and detaches; the image is then complete on disk.
     fn finish(self: Box<Self>) -> Result<(), BenchError>;
+    /// Sets the zero-out length for writes into unwritten extents, in blocks:
+    /// uext4's extent_zeroout_len, the kernel's extent_max_zeroout_kb (sysfs).
+    ///
+    /// # Errors
+    /// Targets without such a setting refuse.
+    fn set_zeroout(&mut self, _blocks: u32) -> Result<(), BenchError> {
+        Err(BenchError("this target has no zero-out length to set".into()))
+    }
 }
 
 pub fn run_tool(cmd: &mut Command) -> Result<String, BenchError> {
@@ -331,6 +343,15 @@ impl Session for Uext4Session {
     fn finish(self: Box<Self>) -> Result<(), BenchError> {
         self.live().fs.sync().map_err(|e| BenchError(format!("uext4 sync: {e}")))
     }
+
+    fn set_zeroout(&mut self, blocks: u32) -> Result<(), BenchError> {
+        let value = blocks.to_string();
+        self.live().fs.set_tunable("extent_zeroout_len", &value).map_err(|e| BenchError(e.to_string()))?;
+        // A restart (cold cache) must keep it.
+        self.tunables.retain(|(k, _)| k != "extent_zeroout_len");
+        self.tunables.push(("extent_zeroout_len".into(), value));
+        Ok(())
+    }
 }
 
 struct KernelSession {
@@ -344,10 +365,16 @@ struct KernelSession {
     /// left behind by restarts.
     loop_stat: Option<(PathBuf, IoStats)>,
     io_before: IoStats,
+    /// The loop device's name (loopN), which names its /sys/fs/ext4 directory.
+    device_name: String,
+    /// extent_max_zeroout_kb to set again after a restart, if a workload set it.
+    zeroout_kb: Option<u32>,
+    /// The mount options: loop, noinit_itable and the workload's own.
+    options: String,
 }
 
 impl KernelSession {
-    fn mount(image: &Path, mountpoint: &Path) -> Result<KernelSession, BenchError> {
+    fn mount(image: &Path, mountpoint: &Path, extra_options: &[&str]) -> Result<KernelSession, BenchError> {
         // The model learns the image's fixed blocks (superblocks, bitmaps, inode
         // tables, journal) from a read-only open before the kernel mounts it.
         let trace = match kernel_trace::KernelTrace::start(image) {
@@ -364,6 +391,9 @@ impl KernelSession {
             trace,
             loop_stat: None,
             io_before: IoStats::default(),
+            device_name: String::new(),
+            zeroout_kb: None,
+            options: ["loop", "noinit_itable"].iter().chain(extra_options).copied().collect::<Vec<_>>().join(","),
         };
         session.mount_again()?;
         Ok(session)
@@ -372,18 +402,25 @@ impl KernelSession {
     fn mount_again(&mut self) -> Result<(), BenchError> {
         // noinit_itable: mkfs left inode tables for the kernel to zero lazily, and
         // that background thread would otherwise run during the measurement.
-        run_tool(
-            Command::new("mount").args(["-t", "ext4", "-o", "loop,noinit_itable"]).arg(&self.image).arg(&self.ops.root),
-        )?;
+        run_tool(Command::new("mount").args(["-t", "ext4", "-o", &self.options]).arg(&self.image).arg(&self.ops.root))?;
         self.mounted = true;
         let device = run_tool(Command::new("findmnt").args(["-no", "SOURCE"]).arg(&self.ops.root))?.trim().to_string();
         let name = device.rsplit('/').next().unwrap_or_default().to_string();
         let stat = PathBuf::from(format!("/sys/block/{name}/stat"));
         self.loop_stat = loop_stat(&stat).map(|s| (stat, s));
+        self.device_name = name;
+        if let Some(kb) = self.zeroout_kb {
+            self.write_zeroout_kb(kb)?;
+        }
         if let Some(trace) = &self.trace {
             trace.follow_device(&device).map_err(BenchError)?;
         }
         Ok(())
+    }
+
+    fn write_zeroout_kb(&self, kb: u32) -> Result<(), BenchError> {
+        let knob = format!("/sys/fs/ext4/{}/extent_max_zeroout_kb", self.device_name);
+        std::fs::write(&knob, kb.to_string()).map_err(|e| BenchError(format!("{knob}: {e}")))
     }
 
     fn loop_io(&self) -> IoStats {
@@ -432,6 +469,14 @@ impl Session for KernelSession {
     fn finish(mut self: Box<Self>) -> Result<(), BenchError> {
         self.mounted = false;
         run_tool(Command::new("umount").arg(&self.ops.root)).map(drop)
+    }
+
+    fn set_zeroout(&mut self, blocks: u32) -> Result<(), BenchError> {
+        // The benchmark's images have 4 KiB blocks (MKFS_ARGS).
+        let kb = blocks * 4;
+        self.write_zeroout_kb(kb)?;
+        self.zeroout_kb = Some(kb);
+        Ok(())
     }
 }
 

@@ -31,6 +31,8 @@ pub trait Phases {
     fn untimed(&mut self, body: &mut dyn FnMut(&dyn FsOps) -> io::Result<()>) -> Result<(), BenchError>;
     /// Drops the target's caches (unmount and mount, or close and reopen).
     fn restart(&mut self) -> Result<(), BenchError>;
+    /// Sets the target's zero-out length for unwritten extents, in blocks.
+    fn set_zeroout(&mut self, blocks: u32) -> Result<(), BenchError>;
     /// The number of threads the next timed phase runs (recorded in its
     /// sample as `threads`; 1 unless said).
     fn threads(&mut self, _threads: u64) {}
@@ -63,6 +65,15 @@ pub trait Workload: Sync {
         Ok(())
     }
     fn run(&self, quick: bool, input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError>;
+    /// Mount options the kernel's targets add for this workload.
+    fn kernel_mount_options(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// Files whose extents the harness counts after the run, as debugfs `ex`
+    /// lists them (seed 001's measure), by the phase they belong to.
+    fn extent_files(&self, _quick: bool) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 pub fn all() -> Vec<&'static dyn Workload> {
@@ -85,7 +96,7 @@ pub fn all() -> Vec<&'static dyn Workload> {
 /// Workloads run only by name: too long for `all --quick` (seed 000's
 /// experiment creates 300,000 files at its quick size).
 pub fn by_name_only() -> Vec<&'static dyn Workload> {
-    vec![&IReserve { toy: true }, &IReserve { toy: false }]
+    vec![&IReserve { toy: true }, &IReserve { toy: false }, &Zeroout]
 }
 
 /// Removes everything below `path` the way `rm -rf` does, in readdir order:
@@ -161,6 +172,106 @@ fn write_whole(file: &mut dyn FileOps, data: &[u8]) -> io::Result<()> {
         file.write_at((k << 20) as u64, chunk)?;
     }
     Ok(())
+}
+
+/// Seed 001's experiment (Zheng Liu's fio job from Ted Ts'o): 4 KiB random
+/// writes with an fsync after each into a preallocated file, once per zero-out
+/// length (7, 16, 32, 64, 128 and 256 blocks; the kernel's
+/// extent_max_zeroout_kb at 4x that), and once into a file written with zeros
+/// first (the seed's "flg" row: no unwritten extents at all). Each length gets a
+/// file of its own, whose extents the harness counts with debugfs afterwards.
+/// Offsets never repeat within a phase, as fio's random map.
+struct Zeroout;
+
+/// Seed 001's lengths, in blocks.
+const ZEROOUT_LENGTHS: [u32; 6] = [7, 16, 32, 64, 128, 256];
+
+impl Zeroout {
+    /// (writes, file size in MiB)
+    fn shape(quick: bool) -> (u64, u64) {
+        if quick {
+            (8192, 256)
+        } else {
+            (32768, 1024)
+        }
+    }
+
+    /// Phase names with their zero-out length (None: the zero-filled file).
+    fn phases() -> Vec<(String, Option<u32>)> {
+        let mut out: Vec<(String, Option<u32>)> =
+            ZEROOUT_LENGTHS.iter().map(|&n| (format!("len={n}"), Some(n))).collect();
+        out.push(("flg".into(), None));
+        out
+    }
+
+    fn file_of(phase: &str) -> String {
+        format!("zeroout-{}", phase.replace('=', ""))
+    }
+}
+
+impl Workload for Zeroout {
+    fn name(&self) -> &'static str {
+        "zeroout"
+    }
+    fn about(&self) -> &'static str {
+        "seed 001: 4 KiB random writes + fsync each into a preallocated file, per zero-out length \
+         (7..256 blocks; the kernel's extent_max_zeroout_kb = 4x) and into a zero-filled file (flg)"
+    }
+    fn size(&self, quick: bool) -> String {
+        let (writes, mib) = Self::shape(quick);
+        format!("{writes} writes ({} MiB) into a {mib} MiB file per phase", writes * 4 / 1024)
+    }
+    fn image_mb(&self, quick: bool) -> u64 {
+        let (_, mib) = Self::shape(quick);
+        mib * (ZEROOUT_LENGTHS.len() as u64 + 1) + if quick { 512 } else { 2048 }
+    }
+    /// dioread_lock: since Linux 5.6 ext4 mounts with dioread_nolock, and its
+    /// write-back then converts unwritten extents by splitting before the I/O
+    /// and marking after it, never zeroing out (13,577 extents at every
+    /// extent_max_zeroout_kb in this workload's quick size). The seed's path,
+    /// ext4_ext_convert_to_initialized with its zero-out, is the dioread_lock one.
+    fn kernel_mount_options(&self) -> Vec<&'static str> {
+        vec!["dioread_lock"]
+    }
+    fn extent_files(&self, _quick: bool) -> Vec<(String, String)> {
+        Self::phases().into_iter().map(|(phase, _)| (phase.clone(), Self::file_of(&phase))).collect()
+    }
+    fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
+        let (writes, mib) = Self::shape(quick);
+        let blocks = mib * 256;
+        let block = pattern(1, 4096);
+        for (phase, length) in Self::phases() {
+            let file = Self::file_of(&phase);
+            if let Some(n) = length {
+                phases.set_zeroout(n)?;
+            }
+            phases.untimed(&mut |fs| {
+                let mut f = fs.create(&file, 0o644)?;
+                match length {
+                    // fio's fallocate=1: posix_fallocate, the size grows over the space.
+                    Some(_) => f.fallocate(0, mib << 20, false),
+                    // dd if=/dev/zero: every block written, nothing left to convert.
+                    None => write_whole(f.as_mut(), &vec![0u8; (mib << 20) as usize]),
+                }
+            })?;
+            phases.timed(&phase, writes, &mut |fs| {
+                let mut rng = Rng::new(0x001_5eed);
+                let mut written = vec![false; blocks as usize];
+                let mut f = fs.open(&file)?;
+                for _ in 0..writes {
+                    let mut b = rng.below(blocks);
+                    while written[b as usize] {
+                        b = (b + 1) % blocks;
+                    }
+                    written[b as usize] = true;
+                    f.write_at(b * 4096, &block)?;
+                    f.fsync()?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Create, stat and unlink N small files in one directory.
@@ -286,7 +397,7 @@ impl Workload for SequentialIo {
         "seqio"
     }
     fn about(&self) -> &'static str {
-        "write one file sequentially in 1 MiB requests, then (caches dropped) read it back"
+        "write one file sequentially in 1 MiB requests, then (caches dropped) read it back, then overwrite it in place"
     }
     fn size(&self, quick: bool) -> String {
         format!("{} MiB", Self::mib(quick))
@@ -326,6 +437,15 @@ impl Workload for SequentialIo {
                 }
             }
             Ok(())
+        })?;
+        // Over blocks already mapped: issue 14's data path maps and writes each
+        // 1 MiB request as one run.
+        phases.timed("overwrite", chunks, &mut |fs| {
+            let mut file = fs.open("big")?;
+            for k in 0..chunks {
+                file.write_at(k << 20, &first)?;
+            }
+            file.fsync()
         })
     }
 }

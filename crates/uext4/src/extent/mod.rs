@@ -1,5 +1,6 @@
 //! Mapping logical file blocks to physical blocks: extent trees of any depth, and
-//! (in `indirect.rs`) the block maps of files without the extent flag.
+//! (in `indirect.rs`) the block maps of files without the extent flag. Writing
+//! into unwritten extents, with seed 001's zero-out, is `zeroout.rs`.
 //!
 //! Every node read is checked before it is trusted: magic, counts, depth one less
 //! than its parent's (which makes a looping tree impossible to follow), the node
@@ -13,6 +14,7 @@ use crate::fs::Filesystem;
 
 pub mod indirect;
 pub mod write;
+mod zeroout;
 
 /// Logical blocks are 32-bit in ext4.
 pub const MAX_LBLK: u64 = 1 << 32;

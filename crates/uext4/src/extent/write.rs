@@ -5,9 +5,14 @@
 //! it (up to 32,768 blocks), else goes in sorted. A full node splits (in half, or
 //! for an append at the right edge by moving only the new entry) and the new node
 //! is indexed in the parent; a full root moves its entries into a new node and
-//! indexes it, adding a level (up to the kernel's limit of 5). Truncation, punching
-//! and unwritten-state changes collect the extents that remain and rebuild the tree
-//! from them, reusing the old tree's blocks.
+//! indexes it, adding a level (up to the kernel's limit of 5). A node's entries
+//! can also be spliced in place (`splice_items`: the conversion of unwritten
+//! blocks, `zeroout.rs`, replaces an extent and its neighbours by up to two more
+//! entries), splitting the node only when it overflows. Truncation and punching
+//! remove their range in place too, leaf by leaf from the right, unlinking
+//! leaves they empty (`remove_range`); freeing a whole tree and zero range still
+//! collect the extents and rebuild, reusing the old tree's blocks. Trees thinned
+//! or split away from the right edge are packed at the next sync or fsync.
 //!
 //! Invariant: a change takes every block it needs before it writes anything, so
 //! a failure (ENOSPC, maximum depth) leaves the tree as it was and never an inode
@@ -102,7 +107,7 @@ impl Filesystem {
     }
 
     /// Unmaps logical blocks [first, end) and frees them; extents crossing an edge
-    /// are cut. The tree is rebuilt from what remains.
+    /// are cut, in place (`remove_range`).
     pub(crate) fn extent_punch(
         &self,
         tx: &mut Handle,
@@ -115,31 +120,123 @@ impl Filesystem {
             // Block maps: extent/indirect.rs.
             return self.ind_remove(tx, ino, inode, first, end);
         }
-        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
-        if !extents.iter().any(|e| (e.ee_block as u64) < end && e.end() > first) {
+        self.remove_range(tx, ino, inode, first, end)
+    }
+
+    /// Removes the mapping of [first, end) from the tree in place, leaf by leaf
+    /// from the right as the kernel's ext4_ext_remove_space does: extents inside
+    /// go, extents across an edge are cut (one across both edges splits in two,
+    /// the only change that can grow a leaf, by a splice), a leaf left empty is
+    /// freed and unlinked from its parent (and a parent left empty in turn), and
+    /// a tree left empty becomes an empty root. Only the leaves that hold the
+    /// range are read and written. The data blocks, and the nodes let go, are
+    /// checked (in use, named once) and freed at the end. A tree thinned this way
+    /// is packed at the next sync, as split ones are.
+    fn remove_range(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, first: u64, end: u64) -> Result<()> {
+        let end = end.min(super::MAX_LBLK);
+        let mut to_free: Vec<(u64, u64)> = Vec::new();
+        let mut nodes_freed: Vec<u64> = Vec::new();
+        let mut cursor = end;
+        while cursor > first {
+            let mut path = self.extent_path(ino, inode, (cursor - 1) as u32)?;
+            let leaf = path.len() - 1;
+            // The first logical block this leaf may hold: its key in the parent.
+            let leaf_start = match leaf {
+                0 => 0,
+                _ => path[leaf - 1].items[path[leaf - 1].at].key() as u64,
+            };
+            let mut kept: Vec<Item> = Vec::with_capacity(path[leaf].items.len() + 1);
+            let mut changed = false;
+            for item in &path[leaf].items {
+                let Item::Ext(e) = *item else { unreachable!("leaves hold extents") };
+                let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
+                if from >= to {
+                    kept.push(*item);
+                    continue;
+                }
+                changed = true;
+                to_free.push((e.start + (from - e.ee_block as u64), to - from));
+                if from > e.ee_block as u64 {
+                    kept.push(Item::Ext(Extent { len: (from - e.ee_block as u64) as u32, ..e }));
+                }
+                if to < e.end() {
+                    let skip = to - e.ee_block as u64;
+                    kept.push(Item::Ext(Extent {
+                        ee_block: to as u32,
+                        len: e.len - skip as u32,
+                        start: e.start + skip,
+                        ..e
+                    }));
+                }
+            }
+            if changed {
+                if kept.is_empty() && leaf > 0 {
+                    self.unlink_empty_node(tx, ino, inode, &mut path, leaf, &mut nodes_freed)?;
+                } else {
+                    let old = path[leaf].items.len();
+                    self.splice_items(tx, ino, inode, &mut path, leaf, 0, old, kept)?;
+                }
+            }
+            // The leftmost leaf holds nothing below its key: done there.
+            if leaf_start >= cursor {
+                break;
+            }
+            cursor = leaf_start;
+        }
+        if to_free.is_empty() {
             return Ok(());
         }
-        let mut kept = Vec::with_capacity(extents.len() + 1);
-        let mut to_free = Vec::new();
-        for e in extents {
-            let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
-            if from >= to {
-                kept.push(e);
-                continue;
-            }
-            let cut_at = from - e.ee_block as u64;
-            to_free.push((e.start + cut_at, to - from));
-            if cut_at > 0 {
-                kept.push(Extent { len: cut_at as u32, ..e });
-            }
-            if to < e.end() {
-                let skip = to - e.ee_block as u64;
-                kept.push(Extent { ee_block: to as u32, len: e.len - skip as u32, start: e.start + skip, ..e });
+        if ExtentHeader::parse(&inode.i_block).eh_depth > 0 {
+            self.extent_compact.lock().insert(ino);
+        }
+        // Nothing is freed twice, and nothing that is not in use.
+        let location = || format!("extent tree of inode {ino}");
+        let mut ranges: Vec<(u64, u64)> = nodes_freed.iter().map(|&b| (b, 1)).collect();
+        ranges.extend(to_free.iter().copied());
+        ranges.sort_unstable();
+        for w in ranges.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return Err(Error::corrupt(format!("block {} is mapped twice", w[1].0), location()));
             }
         }
-        // The new tree first: should it need a block it cannot get, nothing has changed.
-        self.rebuild_tree(tx, ino, inode, kept, node_blocks)?;
+        self.alloc.check_blocks_in_use(&ranges, &location)?;
+        for &b in &nodes_freed {
+            self.alloc.free_blocks_range(tx, b, 1)?;
+            inode.i_blocks = inode.i_blocks.saturating_sub(self.sectors_per_block());
+        }
         self.free_data_ranges(tx, inode, &to_free)
+    }
+
+    /// Takes the node at `level` of `path`, now empty, out of its parent (whose
+    /// own emptiness is handled the same way, up to the root, which becomes an
+    /// empty leaf). The node's block is added to `freed` for the caller to free.
+    fn unlink_empty_node(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut [Node],
+        level: usize,
+        freed: &mut Vec<u64>,
+    ) -> Result<()> {
+        let mut level = level;
+        loop {
+            freed.extend(path[level].block);
+            let parent = level - 1;
+            let at = path[parent].at;
+            path[parent].items.remove(at);
+            if !path[parent].items.is_empty() {
+                self.fix_keys(tx, ino, inode, path, parent, at)?;
+                let node = path[parent].clone();
+                return self.write_node(tx, ino, inode, &node);
+            }
+            if parent == 0 {
+                // The whole tree is gone: an empty root, depth 0, as a new inode's.
+                inode.i_block = Self::empty_extent_root();
+                return Ok(());
+            }
+            level = parent;
+        }
     }
 
     /// Frees data blocks unmapped from `inode` and takes them off its i_blocks.
@@ -194,22 +291,8 @@ impl Filesystem {
         self.rebuild_tree(tx, ino, inode, out, node_blocks)
     }
 
-    /// Writes zeros over `count` blocks from `pblk` (file data, straight to the device).
-    fn zero_blocks(&self, pblk: u64, count: u64) -> Result<()> {
-        const CHUNK_BLOCKS: u64 = 256;
-        let bs = self.vol.geo.block_size as u64;
-        let zeros = vec![0u8; (CHUNK_BLOCKS.min(count) * bs) as usize];
-        let mut done = 0;
-        while done < count {
-            let n = CHUNK_BLOCKS.min(count - done);
-            self.vol.cache.device().write_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
-            done += n;
-        }
-        Ok(())
-    }
-
     /// The nodes from the root to the leaf whose range holds `lblk`.
-    fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
+    pub(super) fn extent_path(&self, ino: u32, inode: &Inode, lblk: u32) -> Result<Vec<Node>> {
         let seed = self.inode_seed(ino, inode);
         let mut path = vec![Node::from(None, self.extent_root(ino, inode)?)];
         loop {
@@ -320,23 +403,57 @@ impl Filesystem {
         level: usize,
         item: Item,
     ) -> Result<()> {
-        // Each full node on the way up splits; a full root pushes down into a new node.
+        let at = path[level].items.partition_point(|i| i.key() <= item.key());
+        self.splice_items(tx, ino, inode, path, level, at, 0, vec![item])
+    }
+
+    /// Replaces the `remove` entries from position `at` of the node at `level` with
+    /// `items` (sorted, and fitting between the entries around them), in place:
+    /// the node is rewritten, and split (a full root pushes down, adding a level)
+    /// only when the result overflows it. The blocks the splits need are taken
+    /// first, all or none: ENOSPC (or a tree at its maximum depth) leaves the tree
+    /// as it was. A splice grows a node by at most two entries, so one split
+    /// always makes room.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn splice_items(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut Vec<Node>,
+        level: usize,
+        at: usize,
+        remove: usize,
+        items: Vec<Item>,
+    ) -> Result<()> {
+        let grown = path[level].items.len() - remove + items.len();
+        debug_assert!(items.len() <= remove + 2, "a splice grows a node by at most two entries");
+        // The node overflowing splits; each split adds an entry to the parent,
+        // which splits in turn when full; a full root pushes down into a new node.
         let mut splits = 0;
-        let mut at = level;
-        while path[at].items.len() >= path[at].max as usize {
-            splits += 1;
-            if at == 0 {
-                if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
-                    return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
+        if grown > path[level].max as usize {
+            let mut up = level;
+            loop {
+                splits += 1;
+                if up == 0 {
+                    if path[0].depth >= fext::EXT4_MAX_EXTENT_DEPTH {
+                        return Err(Error::NoSpace(format!("extent tree of inode {ino} is at its maximum depth")));
+                    }
+                    break;
                 }
-                break;
+                up -= 1;
+                if path[up].items.len() < path[up].max as usize {
+                    break;
+                }
             }
-            at -= 1;
         }
         let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
         let mut new_blocks = self.alloc_tree_blocks(tx, goal, splits)?;
         inode.i_blocks += splits as u64 * self.sectors_per_block();
-        self.insert_item_into(tx, ino, inode, path, level, item, &mut new_blocks)
+        let last = (at + items.len()).saturating_sub(1);
+        path[level].items.splice(at..at + remove, items);
+        self.fix_keys(tx, ino, inode, path, level, at)?;
+        self.settle_node(tx, ino, inode, path, level, last, &mut new_blocks)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -353,12 +470,28 @@ impl Filesystem {
         let pos = path[level].items.partition_point(|i| i.key() <= item.key());
         path[level].items.insert(pos, item);
         self.fix_keys(tx, ino, inode, path, level, pos)?;
+        self.settle_node(tx, ino, inode, path, level, pos, new_blocks)
+    }
+
+    /// Writes the node at `level` after a change whose last new entry is at `pos`,
+    /// splitting it with a block from `new_blocks` when it overflows.
+    #[allow(clippy::too_many_arguments)]
+    fn settle_node(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        path: &mut Vec<Node>,
+        level: usize,
+        pos: usize,
+        new_blocks: &mut Vec<u64>,
+    ) -> Result<()> {
         if path[level].items.len() <= path[level].max as usize {
             let node = path[level].clone();
             return self.write_node(tx, ino, inode, &node);
         }
         let per_block = fext::max_entries_in_block(self.vol.geo.block_size);
-        let new_block = new_blocks.pop().expect("insert_item set aside a block per split");
+        let new_block = new_blocks.pop().expect("the splice set aside a block per split");
         if level == 0 {
             // The root overflows: its entries move to a new node and the root indexes it.
             let root = &path[0];
@@ -378,12 +511,13 @@ impl Filesystem {
         // Split in two; the upper part goes to the new block and into the parent.
         // An append at the far right of the tree (the common case: a file growing
         // in order) moves only the new entry, leaving full nodes behind as the
-        // kernel's split does; other inserts split in half, and the half-empty
+        // kernel's split does; other changes split in half, and the half-empty
         // nodes they leave are packed at sync.
         let len = path[level].items.len();
+        let max = path[level].max as usize;
         let rightmost = path[..level].iter().all(|n| n.at + 1 == n.items.len());
         let split_at = if pos + 1 == len && rightmost {
-            len - 1
+            (len - 1).min(max)
         } else {
             self.extent_compact.lock().insert(ino);
             len / 2
@@ -448,14 +582,19 @@ impl Filesystem {
         Ok((extents, node_blocks))
     }
 
-    /// Cuts the mapping at logical block `keep`: blocks from there on are freed, and
-    /// the tree is rebuilt from the extents that remain (truncate is rare enough
-    /// that rebuilding beats editing in place).
+    /// Cuts the mapping at logical block `keep`: blocks from there on are freed,
+    /// in place (`remove_range`); cutting at 0 frees the whole tree.
     pub(crate) fn extent_truncate(&self, tx: &mut Handle, ino: u32, inode: &mut Inode, keep: u64) -> Result<()> {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
             // Block maps: extent/indirect.rs.
             return self.ind_remove(tx, ino, inode, keep, u64::MAX);
         }
+        if keep > 0 {
+            return self.remove_range(tx, ino, inode, keep, super::MAX_LBLK);
+        }
+        // Freeing everything (an inode's release): the whole tree is read and
+        // checked first (collect_extents), so a damaged one is refused before
+        // any change.
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         let mut kept = Vec::new();
         let mut to_free = Vec::new();
@@ -474,6 +613,55 @@ impl Filesystem {
         self.free_data_ranges(tx, inode, &to_free)
     }
 
+    /// Moves every extent from logical block `from` on by `delta` blocks (down
+    /// for a collapse, whose range [from + delta, from) the caller unmapped
+    /// first; up for an insert, which first splits an extent across `from`).
+    /// The tree is rebuilt from the moved list (a shift changes every key after
+    /// `from`, so an edit in place would rewrite those nodes anyway); extents
+    /// the shift makes contiguous stay apart, as the kernel leaves them when
+    /// not in one leaf.
+    ///
+    /// # Errors
+    /// `FileTooLarge` when an extent would end past 2^32 blocks; `NoSpace` when
+    /// the split needs a tree block (nothing changed then); `Corrupt`.
+    pub(crate) fn extent_shift(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        from: u64,
+        delta: i64,
+    ) -> Result<()> {
+        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
+        let mut moved: Vec<Extent> = Vec::with_capacity(extents.len() + 1);
+        for e in extents {
+            let start = e.ee_block as u64;
+            if e.end() <= from {
+                moved.push(e);
+                continue;
+            }
+            // An insert inside an extent splits it at `from`.
+            let (head, tail) = if start < from {
+                let head_len = (from - start) as u32;
+                let tail =
+                    Extent { ee_block: from as u32, len: e.len - head_len, start: e.start + head_len as u64, ..e };
+                (Some(Extent { len: head_len, ..e }), tail)
+            } else {
+                (None, e)
+            };
+            moved.extend(head);
+            let new_start = tail.ee_block as i64 + delta;
+            if new_start < 0 || new_start as u64 + tail.len as u64 > super::MAX_LBLK {
+                return Err(Error::FileTooLarge(format!(
+                    "shifting the extent at logical {} of inode {ino} by {delta} blocks",
+                    tail.ee_block
+                )));
+            }
+            moved.push(Extent { ee_block: new_start as u32, ..tail });
+        }
+        self.rebuild_tree(tx, ino, inode, moved, node_blocks)
+    }
+
     /// Rebuilds the tree with every node packed full, keeping the extents. Trees grown
     /// by inserts in random order (the kernel's delayed allocation inserts in file
     /// order instead) would otherwise have levels e2fsck calls "could be narrower".
@@ -483,74 +671,6 @@ impl Filesystem {
         }
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
         self.rebuild_tree(tx, ino, inode, extents, node_blocks)
-    }
-
-    /// Marks logical block `lblk` (inside an unwritten extent) as written: the extent
-    /// splits around it and the written piece joins a contiguous written neighbour.
-    /// Pieces of at most `zeroout` blocks (the extent_zeroout_len tunable) are not
-    /// split off: they are written with zeros and become written too, as the
-    /// kernel's extent_max_zeroout_kb does, trading a little I/O for fewer extents.
-    /// The tree is rebuilt from the new list, a pass over the file's extents.
-    pub(crate) fn extent_mark_written(
-        &self,
-        tx: &mut Handle,
-        ino: u32,
-        inode: &mut Inode,
-        lblk: u64,
-        zeroout: u32,
-    ) -> Result<()> {
-        let (extents, node_blocks) = self.collect_extents(ino, inode)?;
-        let mut out: Vec<Extent> = Vec::with_capacity(extents.len() + 2);
-        for e in extents {
-            let inside = (e.ee_block as u64) <= lblk && lblk < e.end();
-            if !(inside && e.unwritten) {
-                out.push(e);
-                continue;
-            }
-            if e.len <= zeroout {
-                self.zero_blocks(e.start, e.len as u64)?;
-                out.push(Extent { unwritten: false, ..e });
-                continue;
-            }
-            let before = (lblk - e.ee_block as u64) as u32;
-            let after = e.len - before - 1;
-            let (zero_before, zero_after) = (before <= zeroout, after <= zeroout);
-            if zero_before {
-                self.zero_blocks(e.start, before as u64)?;
-            }
-            if zero_after {
-                self.zero_blocks(e.start + before as u64 + 1, after as u64)?;
-            }
-            if before > 0 {
-                out.push(Extent { len: before, unwritten: !zero_before, ..e });
-            }
-            out.push(Extent { ee_block: lblk as u32, len: 1, unwritten: false, start: e.start + before as u64 });
-            if after > 0 {
-                out.push(Extent {
-                    ee_block: lblk as u32 + 1,
-                    len: after,
-                    unwritten: !zero_after,
-                    start: e.start + before as u64 + 1,
-                });
-            }
-        }
-        // Join contiguous neighbours of the same kind (within each kind's length limit).
-        let mut merged: Vec<Extent> = Vec::with_capacity(out.len());
-        for e in out {
-            if let Some(last) = merged.last_mut() {
-                let limit = if e.unwritten { fext::EXT_UNWRITTEN_MAX_LEN } else { fext::EXT_INIT_MAX_LEN };
-                if last.unwritten == e.unwritten
-                    && last.end() == e.ee_block as u64
-                    && last.start + last.len as u64 == e.start
-                    && last.len + e.len <= limit
-                {
-                    last.len += e.len;
-                    continue;
-                }
-            }
-            merged.push(e);
-        }
-        self.rebuild_tree(tx, ino, inode, merged, node_blocks)
     }
 
     /// Replaces the tree whose node blocks are `old_nodes` with a packed one holding
@@ -631,13 +751,13 @@ impl Filesystem {
 
 /// An entry of a node being edited: an extent (leaf) or an index entry.
 #[derive(Clone, Copy)]
-enum Item {
+pub(super) enum Item {
     Ext(Extent),
     Idx(ExtentIndex),
 }
 
 impl Item {
-    fn key(&self) -> u32 {
+    pub(super) fn key(&self) -> u32 {
         match self {
             Item::Ext(e) => e.ee_block,
             Item::Idx(i) => i.ei_block,
@@ -647,13 +767,13 @@ impl Item {
 
 /// A node on a root-to-leaf path; `block` is None for the root in i_block.
 #[derive(Clone)]
-struct Node {
-    block: Option<u64>,
-    depth: u16,
-    max: u16,
-    items: Vec<Item>,
+pub(super) struct Node {
+    pub(super) block: Option<u64>,
+    pub(super) depth: u16,
+    pub(super) max: u16,
+    pub(super) items: Vec<Item>,
     /// The index entry followed downward.
-    at: usize,
+    pub(super) at: usize,
 }
 
 impl Node {

@@ -21,6 +21,8 @@ use crate::ns::change::now;
 pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
 pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+pub const FALLOC_FL_COLLAPSE_RANGE: u32 = 0x08;
+pub const FALLOC_FL_INSERT_RANGE: u32 = 0x20;
 
 /// Headroom for tree nodes and bitmaps on top of the data blocks themselves.
 const TREE_SPACE_BLOCKS: u64 = 16;
@@ -32,16 +34,27 @@ impl Filesystem {
     /// fallocate(2) on a regular file: `mode` 0 preallocates [offset, offset + len)
     /// and grows the size to cover it; with KEEP_SIZE the size stays. PUNCH_HOLE
     /// (with KEEP_SIZE, as Linux requires) frees the range; ZERO_RANGE makes it
-    /// read as zeros, keeping it allocated.
+    /// read as zeros, keeping it allocated; COLLAPSE_RANGE and INSERT_RANGE
+    /// remove or open a block-aligned range, moving the rest of the file
+    /// (file/shift.rs).
     ///
     /// # Errors
-    /// `Invalid` for unknown or unsupported mode combinations; `Unsupported` (EOPNOTSUPP) for
-    /// preallocation on block-mapped files; `NoSpace` part-way (what was allocated stays);
+    /// `Invalid` for unknown or unsupported mode combinations and for shifts the
+    /// kernel refuses; `Unsupported` (EOPNOTSUPP) for preallocation or shifts on
+    /// block-mapped files; `NoSpace` part-way (what was allocated stays);
     /// `FileTooLarge`; `NoDevice`/`NotSeekable` for devices and fifos; `ReadOnly`; `Corrupt`.
     pub fn fallocate(&self, ino: u32, offset: u64, len: u64, mode: u32) -> Result<()> {
-        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        let shifts = FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE;
+        let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE | shifts;
         if mode & !known != 0 {
             return Err(Error::unsupported(format!("fallocate mode {mode:#x}")));
+        }
+        if mode & shifts != 0 {
+            // Alone, as vfs_fallocate demands (file/shift.rs).
+            if mode != FALLOC_FL_COLLAPSE_RANGE && mode != FALLOC_FL_INSERT_RANGE {
+                return Err(Error::Invalid(format!("fallocate mode {mode:#x}: a shift goes alone")));
+            }
+            return self.shift_range(ino, offset, len, mode == FALLOC_FL_COLLAPSE_RANGE);
         }
         let punch = mode & FALLOC_FL_PUNCH_HOLE != 0;
         let zero = mode & FALLOC_FL_ZERO_RANGE != 0;

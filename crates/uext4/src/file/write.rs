@@ -1,6 +1,7 @@
-//! Writing file data: mapped blocks are overwritten in place, holes get new
-//! blocks allocated as one run per hole, and preallocated (unwritten) blocks are
-//! marked written. File data goes straight to the device, before the metadata
+//! Writing file data by runs: each run of mapped blocks is overwritten in place
+//! with one device request, each hole gets one allocation for the whole run, and
+//! each run of preallocated (unwritten) blocks is written and converted in place
+//! (extent/zeroout.rs). File data goes straight to the device, before the metadata
 //! that maps it commits (ordered data).
 //!
 //! Invariants: a write never maps a block whose bytes it has not written or
@@ -75,8 +76,12 @@ impl Filesystem {
         Ok(done)
     }
 
-    /// The block loop of `write`: `done` counts the bytes written so far, which
-    /// stay written (and mapped in `inode`) whatever happens next.
+    /// The run loop of `write`: each pass maps the longest run of one kind at the
+    /// current position (mapped, unwritten, or a hole), handles all of it with one
+    /// allocation at most and one contiguous device write (three when a big run
+    /// starts or ends inside a block), and moves on. `done` counts the bytes
+    /// written so far, which stay written (and mapped in `inode`) whatever
+    /// happens next.
     fn write_blocks(
         &self,
         tx: &mut Handle,
@@ -87,34 +92,39 @@ impl Filesystem {
         done: &mut usize,
     ) -> Result<()> {
         let bs = self.vol.geo.block_size as u64;
+        // Read once for the whole operation (seed 001, Zach Brown's point): a
+        // change through `tune` mid-write cannot mix two lengths in one write.
         let zeroout = self.extent_zeroout_len();
-        let dev = self.vol.cache.device().clone();
         while *done < data.len() {
             let pos = offset + *done as u64;
             let lblk = pos / bs;
             let in_block = (pos % bs) as usize;
-            let n = (bs as usize - in_block).min(data.len() - *done);
-            let pblk = match self.map_blocks(ino, inode, lblk, 1)?.kind {
-                MapKind::Mapped(p) => p,
+            let rest = &data[*done..];
+            let want_blocks = (in_block + rest.len()).div_ceil(bs as usize) as u64;
+            let run = self.map_blocks(ino, inode, lblk, want_blocks)?;
+            let run_bytes = |blocks: u64| (blocks as usize * bs as usize - in_block).min(rest.len());
+            match run.kind {
+                MapKind::Mapped(p) => {
+                    // File data goes straight to the device, before the metadata that maps it.
+                    let bytes = run_bytes(run.len);
+                    self.vol.cache.device().write_at(p * bs + in_block as u64, &rest[..bytes])?;
+                    *done += bytes;
+                }
                 MapKind::Unwritten(p) => {
                     let _space = self.alloc.ensure_space(DATA_SPACE_BLOCKS)?;
                     // Preallocated but never written: its old bytes must not show, so
-                    // what this write leaves of the block becomes zeros.
-                    if n < bs as usize {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    self.extent_mark_written(tx, ino, inode, lblk, zeroout)?;
-                    p
+                    // what this write leaves of its first and last block becomes zeros.
+                    let bytes = run_bytes(run.len);
+                    self.write_zero_padded(p, in_block, &rest[..bytes])?;
+                    self.convert_unwritten(tx, ino, inode, lblk, run.len, zeroout)?;
+                    *done += bytes;
                 }
                 MapKind::Hole => {
                     // Out of space: a short write, or ENOSPC if nothing was written.
                     let _space = self.alloc.ensure_space(DATA_SPACE_BLOCKS)?;
-                    // The whole hole this write covers is allocated as one run.
-                    let want_blocks = (in_block as u64 + (data.len() - *done) as u64).div_ceil(bs);
-                    let hole = self.map_blocks(ino, inode, lblk, want_blocks)?.len;
                     let reserved = self.alloc.reserved_blocks();
                     let spare = self.alloc.allocatable_blocks().saturating_sub(reserved + DATA_SPACE_BLOCKS);
-                    let want = want_blocks.min(hole).min(spare + 1).min(u32::MAX as u64) as u32;
+                    let want = run.len.min(spare + 1).min(u32::MAX as u64) as u32;
                     let block_mapped = !inode.has_flag(EXT4_EXTENTS_FL);
                     let (p, got) = if block_mapped {
                         // Allocated and mapped at once, with the kernel's goal rules for
@@ -131,16 +141,9 @@ impl Filesystem {
                         };
                         self.alloc.alloc_blocks(tx, goal, want)?
                     };
-                    let bytes = (got as usize * bs as usize - in_block).min(data.len() - *done);
-                    // Fresh blocks: zero the parts of the first and last this write leaves.
-                    if in_block > 0 {
-                        dev.write_at(p * bs, &vec![0u8; bs as usize])?;
-                    }
-                    let end_in_block = (in_block + bytes) % bs as usize;
-                    if end_in_block != 0 {
-                        let last = p + (in_block + bytes) as u64 / bs;
-                        dev.write_at(last * bs, &vec![0u8; bs as usize])?;
-                    }
+                    let bytes = run_bytes(got as u64);
+                    // Fresh blocks: the parts of the first and last this write leaves are zeros.
+                    self.write_zero_padded(p, in_block, &rest[..bytes])?;
                     if !block_mapped {
                         if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
                             // The tree is as it was: the blocks go back.
@@ -148,15 +151,47 @@ impl Filesystem {
                             return Err(e);
                         }
                     }
-                    // File data goes straight to the device, before the metadata that maps it.
-                    dev.write_at(p * bs + in_block as u64, &data[*done..*done + bytes])?;
                     *done += bytes;
-                    continue;
                 }
-            };
-            // File data goes straight to the device, before the metadata that maps it.
-            dev.write_at(pblk * bs + in_block as u64, &data[*done..*done + n])?;
-            *done += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `in_block` of the contiguous blocks from `pblk`,
+    /// with zeros in whatever of the first and last block it does not cover: one
+    /// device request, or for a run of more than `PADDED_COPY_MAX` bytes that
+    /// starts or ends inside a block, three (first block, middle, last block)
+    /// rather than a copy of the whole run.
+    fn write_zero_padded(&self, pblk: u64, in_block: usize, data: &[u8]) -> Result<()> {
+        const PADDED_COPY_MAX: usize = 4 << 20;
+        let bs = self.vol.geo.block_size;
+        let dev = self.vol.cache.device();
+        let end = in_block + data.len();
+        let total = end.div_ceil(bs) * bs;
+        if in_block == 0 && end == total {
+            return dev.write_at(pblk * bs as u64, data);
+        }
+        if total <= PADDED_COPY_MAX {
+            let mut buf = vec![0u8; total];
+            buf[in_block..end].copy_from_slice(data);
+            return dev.write_at(pblk * bs as u64, &buf);
+        }
+        // A big run: the middle goes from the caller's buffer, whole blocks only.
+        let head = (bs - in_block) % bs;
+        let tail = end % bs;
+        if head > 0 {
+            let mut first = vec![0u8; bs];
+            first[in_block..].copy_from_slice(&data[..head]);
+            dev.write_at(pblk * bs as u64, &first)?;
+        }
+        let middle = &data[head..data.len() - tail];
+        let middle_block = pblk + (in_block + head) as u64 / bs as u64;
+        dev.write_at(middle_block * bs as u64, middle)?;
+        if tail > 0 {
+            let mut last = vec![0u8; bs];
+            last[..tail].copy_from_slice(&data[data.len() - tail..]);
+            dev.write_at((pblk + (end / bs) as u64) * bs as u64, &last)?;
         }
         Ok(())
     }

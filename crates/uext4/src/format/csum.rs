@@ -5,57 +5,14 @@
 //! crc32c is therefore `!crc32c(!0, data)`. crc16 is the ANSI polynomial (0x8005,
 //! reflected as 0xA001), seeded with ~0, as `ext2fs_crc16` computes it.
 
-const CRC32C_POLY_REFLECTED: u32 = 0x82F6_3B78;
-
-/// Eight tables for slicing-by-8: table[k][b] is the CRC of byte b followed by k zero bytes.
-static CRC32C_TABLES: [[u32; 256]; 8] = build_crc32c_tables();
-
-const fn build_crc32c_tables() -> [[u32; 256]; 8] {
-    let mut t = [[0u32; 256]; 8];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 { (c >> 1) ^ CRC32C_POLY_REFLECTED } else { c >> 1 };
-            k += 1;
-        }
-        t[0][i] = c;
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 256 {
-        let mut k = 1;
-        while k < 8 {
-            let prev = t[k - 1][i];
-            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
-            k += 1;
-        }
-        i += 1;
-    }
-    t
-}
-
 /// Raw crc32c state update: no pre- or post-inversion (ext4's convention).
+///
+/// Computed by the `crc32c` crate (SSE4.2 or ARMv8 CRC instructions when the CPU
+/// has them, chosen at run time; a table fallback otherwise). That crate keeps
+/// the standard convention (invert in, invert out): inverting its input and its
+/// result gives the raw state, `raw(seed) = !append(!seed)`.
 pub fn crc32c(seed: u32, data: &[u8]) -> u32 {
-    let t = &CRC32C_TABLES;
-    let mut crc = seed;
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        crc = t[7][(lo & 0xff) as usize]
-            ^ t[6][((lo >> 8) & 0xff) as usize]
-            ^ t[5][((lo >> 16) & 0xff) as usize]
-            ^ t[4][(lo >> 24) as usize]
-            ^ t[3][c[4] as usize]
-            ^ t[2][c[5] as usize]
-            ^ t[1][c[6] as usize]
-            ^ t[0][c[7] as usize];
-    }
-    for &b in chunks.remainder() {
-        crc = (crc >> 8) ^ t[0][((crc ^ b as u32) & 0xff) as usize];
-    }
-    crc
+    !crc32c::crc32c_append(!seed, data)
 }
 
 static CRC16_TABLE: [u16; 256] = build_crc16_table();
@@ -94,11 +51,30 @@ mod tests {
         // The published check value of CRC-32C over "123456789" is 0xE3069283;
         // the standard form inverts in and out, the raw form does neither.
         assert_eq!(!crc32c(!0, b"123456789"), 0xE306_9283);
-        // Slicing-by-8 and the byte loop must agree at every split.
+        // Continuing from a raw state must equal one pass, at every split (the
+        // raw convention chains where the standard one would not).
         let data: Vec<u8> = (0..100u8).map(|i| i.wrapping_mul(37)).collect();
         for split in 0..data.len() {
             let a = crc32c(crc32c(!0, &data[..split]), &data[split..]);
             assert_eq!(a, crc32c(!0, &data));
+        }
+        // A raw state from a seed other than ~0, as ext4 chains its seeds: the
+        // bit-at-a-time definition decides.
+        let bitwise = |seed: u32, data: &[u8]| {
+            let mut crc = seed;
+            for &b in data {
+                crc ^= b as u32;
+                for _ in 0..8 {
+                    crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+                }
+            }
+            crc
+        };
+        for seed in [0, 1, 0xdead_beef, !0] {
+            for len in [0, 1, 7, 8, 9, 63, 64, 65, 4096] {
+                let d: Vec<u8> = (0..len).map(|i| (i * 131 + 7) as u8).collect();
+                assert_eq!(crc32c(seed, &d), bitwise(seed, &d), "seed {seed:#x}, {len} bytes");
+            }
         }
     }
 
