@@ -447,6 +447,13 @@ impl Filesystem {
                 }
             }
         }
+        // A leaf that loses entries (extents merged as holes fill, ranges
+        // removed) may leave a tree that fits in fewer nodes or levels, which
+        // e2fsck reports ("could be shorter", "could be narrower"): pack it at
+        // the next commit, as after a split.
+        if grown < path[level].items.len() && path[0].depth > 0 {
+            self.extent_compact.lock().insert(ino);
+        }
         let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
         let mut new_blocks = self.alloc_tree_blocks(tx, goal, splits)?;
         inode.i_blocks += splits as u64 * self.sectors_per_block();
