@@ -17,6 +17,10 @@ impl Filesystem {
     /// `IsADirectory` for a directory; `NotFound` for an inode not in use; `Corrupt` for a damaged
     /// mapping; `Io` when the device fails.
     pub fn read(&self, ino: u32, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        // Writes, truncates, punches and the packing at commit change the tree
+        // holding the inode's lock exclusive, and may free nodes a walk would
+        // read next: map under the lock shared, as the kernel's i_data_sem.
+        let _mapping = self.inode_locks.read(ino as u64);
         let inode = self.inode(ino)?;
         self.read_inode_data(ino, &inode, offset, buf)
     }
@@ -64,6 +68,8 @@ impl Filesystem {
     /// # Errors
     /// As [`Filesystem::read`]; `Invalid` for a file too large for memory.
     pub fn read_all(&self, ino: u32) -> Result<Vec<u8>> {
+        // As in `read`: no tree change while this walks it.
+        let _mapping = self.inode_locks.read(ino as u64);
         let inode = self.inode(ino)?;
         let size = usize::try_from(inode.i_size)
             .map_err(|_| Error::Invalid(format!("inode {ino} of {} bytes does not fit in memory", inode.i_size)))?;
