@@ -243,10 +243,16 @@ impl Layout {
     }
 }
 
-fn plan(opts: &MkfsOptions, features: &[u32; 3]) -> Result<Layout> {
-    if opts.size < MIN_SIZE || opts.size > MAX_SIZE {
-        return Err(Error::Invalid(format!("size {} is outside 8 MiB ..= 1 TiB", opts.size)));
+/// The sizes mkfs makes; checked before the image is touched.
+fn check_size(size: u64) -> Result<()> {
+    if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
+        return Err(Error::Invalid(format!("size {size} is outside 8 MiB ..= 1 TiB")));
     }
+    Ok(())
+}
+
+fn plan(opts: &MkfsOptions, features: &[u32; 3]) -> Result<Layout> {
+    check_size(opts.size)?;
     let small = opts.size < 512 << 20;
     let bs = opts.block_size.unwrap_or(if small { 1024 } else { 4096 }) as u64;
     if !(1024..=65536).contains(&bs) || !bs.is_power_of_two() {
@@ -454,6 +460,10 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         m.file_type().is_block_device()
     });
     let fresh = !matches!(is_block_device, Ok(true));
+    // A refused size must leave an existing file as it was.
+    if fresh {
+        check_size(opts.size)?;
+    }
     // Before the truncation below destroys what a mount is using.
     crate::dev::check_unused(path)?;
     if fresh {
