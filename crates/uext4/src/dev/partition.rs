@@ -111,6 +111,8 @@ const SECTOR: u64 = 512;
 const MBR_SIGNATURE: [u8; 2] = [0x55, 0xAA];
 const GPT_PROTECTIVE: u8 = 0xEE;
 const EXTENDED_TYPES: [u8; 3] = [0x05, 0x0F, 0x85];
+/// Largest GPT entry accepted (UEFI allows any multiple of 8 from 128 up).
+const MAX_GPT_ENTRY: usize = 4096;
 /// Logical partitions followed before the chain is called a loop.
 const MAX_LOGICAL: u32 = 256;
 
@@ -150,7 +152,9 @@ fn find_partition(dev: &dyn BlockDevice, n: u32) -> Result<(u64, u64)> {
     } else {
         mbr_partition(dev, &mbr, n)?
     };
-    let (start, len) = (start * SECTOR, len * SECTOR);
+    // Sector numbers come from the table: hostile ones must not wrap.
+    let bytes = |sectors: u64| sectors.saturating_mul(SECTOR);
+    let (start, len) = (bytes(start), bytes(len));
     match start.checked_add(len) {
         Some(end) if end <= dev.size() && len > 0 => Ok((start, len)),
         _ => Err(Error::corrupt(
@@ -236,7 +240,9 @@ fn gpt_partition(dev: &dyn BlockDevice, n: u32) -> Result<(u64, u64)> {
     let entries_at = le64(&header, 72);
     let count = le32(&header, 80);
     let entry_len = le32(&header, 84) as usize;
-    if entry_len < 128 || !entry_len.is_multiple_of(8) || count > 1 << 16 {
+    // The array is read whole into memory: bound what a hostile header asks for
+    // (real tables hold 128 entries of 128 bytes).
+    if entry_len < 128 || !entry_len.is_multiple_of(8) || entry_len > MAX_GPT_ENTRY || count > 1 << 16 {
         return Err(damaged(format!("{count} entries of {entry_len} bytes")));
     }
     if n > count {
@@ -255,7 +261,8 @@ fn gpt_partition(dev: &dyn BlockDevice, n: u32) -> Result<(u64, u64)> {
     if last < first {
         return Err(damaged(format!("entry {n} ends (LBA {last}) before it starts (LBA {first})")));
     }
-    Ok((first, last - first + 1))
+    let len = (last - first).checked_add(1).ok_or_else(|| damaged(format!("entry {n} spans every LBA")))?;
+    Ok((first, len))
 }
 
 #[cfg(test)]
