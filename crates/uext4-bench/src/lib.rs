@@ -10,9 +10,11 @@
 //!
 //! Adding a workload: implement `workload::Workload` and list it in `workload::all`.
 
+pub mod inline_data;
 pub mod kernel_trace;
 pub mod ops;
 pub mod report;
+pub mod rmtree;
 pub mod target;
 pub mod usage;
 pub mod workload;
@@ -42,7 +44,9 @@ impl std::error::Error for BenchError {}
 #[command(after_help = "Workloads: `uext4 bench list`. Targets: uext4 (the library), uext4-fuse (its mount,\n\
 requests through /dev/fuse), uext4-fuse-uring (through io_uring: switches on the fuse module's enable_uring),\n\
 kernel, fuse2fs, and uext4-nojournal, kernel-nojournal (images made with -O ^has_journal: with their journaled twins,\n\
-the tables show what journaling costs each).\n\
+the tables show what journaling costs each). Tunables after a colon: uext4's options for its own kinds\n\
+(`uext4:hash_goal=on,cache_mb=16`), and for every kind `features=LIST`, added to the image's mkfs.ext4 -O\n\
+(`kernel:features=^inline_data`; `+` joins several).\n\
 Every run uses a fresh image from mkfs.ext4 -b 4096 and is checked with e2fsck -fn afterwards.")]
 pub struct BenchArgs {
     /// `list`, `all`, or workload names
@@ -196,7 +200,15 @@ fn run_once(
         mkfs.args(["-O", "^has_journal"]);
     }
     mkfs.args(w.mkfs_args(quick));
+    // After the workload's own -O, so that the target's word is the last.
+    if let Some(features) = target.mkfs_features() {
+        mkfs.args(["-O", &features]);
+    }
     run_tool(mkfs.arg(&image).arg(format!("{}M", w.image_mb(quick))))?;
+    let fresh_used = match w.space_phase() {
+        Some(_) => Some(used_bytes(&image)?),
+        None => None,
+    };
     let session = target.attach(&image, &mountpoint, &w.uext4_defaults(quick), &w.kernel_mount_options())?;
     let mut runner = Runner {
         session: Some(session),
@@ -230,8 +242,35 @@ fn run_once(
             s.extents = Some(count);
         }
     }
+    if let (Some(phase), Some(fresh)) = (w.space_phase(), fresh_used) {
+        let used = used_bytes(&image)?;
+        for s in samples.iter_mut().filter(|s| s.phase == phase) {
+            s.used_bytes = Some(used);
+            s.fresh_used_bytes = Some(fresh);
+        }
+    }
     std::fs::remove_file(&image).map_err(|e| BenchError(format!("{}: {e}", image.display())))?;
     Ok(samples)
+}
+
+/// Bytes in use on a detached image: (block count - free blocks) x block
+/// size, the free blocks summed over the group descriptors as dumpe2fs lists
+/// them (the superblock's total may lag: the kernel and e2fsck -n leave it).
+fn used_bytes(image: &Path) -> Result<u64, BenchError> {
+    let out = run_tool(Command::new("dumpe2fs").arg(image).stderr(std::process::Stdio::null()))?;
+    parse_used_bytes(&out).ok_or_else(|| BenchError(format!("dumpe2fs {}: no block count or size", image.display())))
+}
+
+fn parse_used_bytes(dumpe2fs: &str) -> Option<u64> {
+    let header =
+        |key: &str| dumpe2fs.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok()));
+    let (count, size) = (header("Block count:")?, header("Block size:")?);
+    // Group lines: "  1234 free blocks, 567 free inodes, 2 directories, ..."
+    let free: u64 = dumpe2fs
+        .lines()
+        .filter_map(|l| l.trim_start().split_once(" free blocks, ").and_then(|(n, _)| n.parse::<u64>().ok()))
+        .sum();
+    Some(count.checked_sub(free)? * size)
 }
 
 /// `debugfs -R 'ex PATH' IMAGE | wc -l`: how seed 001 counted a file's extents
@@ -301,6 +340,8 @@ impl Phases for Runner {
             model,
             latency_p99_ms: percentile_99(&mut latencies).map(|d| d.as_secs_f64() * 1000.0),
             extents: None,
+            used_bytes: None,
+            fresh_used_bytes: None,
         });
         Ok(())
     }
@@ -321,6 +362,12 @@ impl Phases for Runner {
 
     fn threads(&mut self, threads: u64) {
         self.threads = threads;
+    }
+
+    fn reopen_with(&mut self, tunables: &[(&str, &str)]) -> Result<bool, BenchError> {
+        let owned: Vec<(String, String)> = tunables.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let target = self.target.name();
+        self.session().reopen_with(&owned).map_err(|e| BenchError(format!("{target}: {e}")))
     }
 }
 
@@ -377,7 +424,16 @@ fn write_outputs(results: &Results, out: &Path) -> Result<(), BenchError> {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile_99;
+    use super::{parse_used_bytes, percentile_99};
+
+    #[test]
+    fn used_bytes_sum_the_groups_free_blocks() {
+        let dumpe2fs = "Block count:              16384\nFree blocks:              1\nBlock size:               4096\n\
+                        Group 0: (Blocks 0-32767)\n  100 free blocks, 5 free inodes, 2 directories\n\
+                        Group 1: (Blocks 32768-65535)\n  284 free blocks, 8192 free inodes, 0 directories, 8192 unused inodes\n";
+        assert_eq!(parse_used_bytes(dumpe2fs), Some((16384 - 384) * 4096));
+        assert_eq!(parse_used_bytes("Block size: 4096\n"), None);
+    }
     use std::time::Duration;
 
     #[test]

@@ -38,6 +38,11 @@ pub struct Sample {
     /// Lines of debugfs `ex` for the phase's file after the run (seed 001's count),
     /// for workloads that name one.
     pub extents: Option<u64>,
+    /// Bytes in use on the image after the run, for the workload's space phase
+    /// (`Workload::space_phase`): (block count - free blocks) x block size.
+    pub used_bytes: Option<u64>,
+    /// The same on the fresh image, before the run.
+    pub fresh_used_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -334,6 +339,26 @@ impl Results {
             .collect()
     }
 
+    /// Per target, the medians of the used bytes after `phase` and of what the
+    /// run added to the fresh image (none when no run measured space).
+    pub fn median_space(&self, workload: &str, phase: &str) -> Vec<(String, u64, u64)> {
+        let mut by_target: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+        for s in self.samples.iter().filter(|s| s.workload == workload && s.phase == phase) {
+            let (Some(used), Some(fresh)) = (s.used_bytes, s.fresh_used_bytes) else { continue };
+            let name = s.target.name();
+            let at = match by_target.iter().position(|(t, _, _)| *t == name) {
+                Some(at) => at,
+                None => {
+                    by_target.push((name, Vec::new(), Vec::new()));
+                    by_target.len() - 1
+                }
+            };
+            by_target[at].1.push(used as f64);
+            by_target[at].2.push(used.saturating_sub(fresh) as f64);
+        }
+        by_target.into_iter().map(|(t, mut u, mut a)| (t, median(&mut u) as u64, median(&mut a) as u64)).collect()
+    }
+
     pub fn markdown(&self) -> String {
         let mut md = String::new();
         let _ = writeln!(md, "Command: `{}`  ", self.command);
@@ -407,6 +432,22 @@ impl Results {
                     md,
                     "\nExtents (`debugfs -R 'ex FILE' | wc -l` after the run, median): {}.",
                     extent_lines.join("; ")
+                );
+            }
+            let space_lines: Vec<String> = self
+                .phases(&w.name)
+                .iter()
+                .flat_map(|phase| {
+                    self.median_space(&w.name, phase).into_iter().map(move |(t, used, added)| {
+                        format!("{phase} on {t}: {} bytes in use, {} more than the fresh image", used, added)
+                    })
+                })
+                .collect();
+            if !space_lines.is_empty() {
+                let _ = writeln!(
+                    md,
+                    "\nSpace (dumpe2fs after the run: blocks in use x block size, median): {}.",
+                    space_lines.join("; ")
                 );
             }
             if !device_lines.is_empty() {
@@ -584,6 +625,8 @@ mod tests {
             model: None,
             latency_p99_ms: None,
             extents: None,
+            used_bytes: None,
+            fresh_used_bytes: None,
         }
     }
 

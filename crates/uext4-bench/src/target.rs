@@ -133,6 +133,11 @@ impl Target {
         let mut tunables = Vec::new();
         for pair in rest.split(',').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').ok_or_else(|| format!("target {name}: '{pair}' is not key=value"))?;
+            if k == FEATURES {
+                check_features(v).map_err(|e| format!("target {name}: {e}"))?;
+                tunables.push((k.to_string(), v.to_string()));
+                continue;
+            }
             if !kind.is_uext4() {
                 return Err(format!("target {name}: only uext4's targets take tunables"));
             }
@@ -140,6 +145,12 @@ impl Target {
             tunables.push((k.to_string(), v.to_string()));
         }
         Ok(Target { kind, tunables })
+    }
+
+    /// `features=LIST` as mkfs.ext4's `-O` takes it (`+` in the target's name
+    /// separates features, since `,` separates tunables), if the target has it.
+    pub fn mkfs_features(&self) -> Option<String> {
+        self.tunables.iter().find(|(k, _)| k == FEATURES).map(|(_, v)| v.replace('+', ","))
     }
 
     /// Why this target cannot run here, if it cannot.
@@ -200,7 +211,8 @@ impl Target {
     ) -> Result<Box<dyn Session>, BenchError> {
         let mut tunables: Vec<(String, String)> =
             defaults.iter().filter(|(k, _)| !self.tunables.iter().any(|(o, _)| o == k)).cloned().collect();
-        tunables.extend(self.tunables.iter().cloned());
+        // features= is the image's (mkfs), not an option of uext4's.
+        tunables.extend(self.tunables.iter().filter(|(k, _)| k != FEATURES).cloned());
         let options = |transport: &str| {
             let mut all = vec![transport.to_string()];
             all.extend(tunables.iter().map(|(k, v)| format!("{k}={v}")));
@@ -215,6 +227,24 @@ impl Target {
             TargetKind::Uext4Fuse => Ok(Box::new(uext4_mount(image, mountpoint, &options("io_uring=off"))?)),
             TargetKind::Uext4FuseUring => Ok(Box::new(uext4_mount(image, mountpoint, &options("io_uring=on"))?)),
         }
+    }
+}
+
+/// The tunable every target takes: features for the image's mkfs.ext4 -O
+/// (`kernel:features=^inline_data`, `uext4:features=inline_data+^metadata_csum`).
+pub const FEATURES: &str = "features";
+
+/// A feature list is names, each perhaps preceded by `^`, joined by `+`.
+fn check_features(list: &str) -> Result<(), String> {
+    let ok = !list.is_empty()
+        && list.split('+').all(|f| {
+            let name = f.strip_prefix('^').unwrap_or(f);
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("features={list}: expected feature names, each maybe with ^, joined by +"))
     }
 }
 
@@ -245,6 +275,12 @@ pub trait Session {
     fn begin_phase(&self) {}
     /// Drops every cache the target keeps, leaving the image as it is.
     fn restart(&mut self) -> Result<(), BenchError>;
+    /// Closes the target and opens it again with `tunables` set (on top of
+    /// its own), for the rest of the run. Ok(false): this target takes no
+    /// such tunables (the kernel, fuse2fs) and nothing happened.
+    fn reopen_with(&mut self, _tunables: &[(String, String)]) -> Result<bool, BenchError> {
+        Ok(false)
+    }
     /// Flushes and detaches; the image is then complete on disk.
     fn finish(self: Box<Self>) -> Result<(), BenchError>;
     /// Sets the zero-out length for writes into unwritten extents, in blocks:
@@ -338,6 +374,13 @@ impl Session for Uext4Session {
         self.ops = Some(Self::open_ops(&self.image, &self.tunables, &self.model)?);
         self.io_before = io;
         Ok(())
+    }
+
+    fn reopen_with(&mut self, tunables: &[(String, String)]) -> Result<bool, BenchError> {
+        self.tunables.retain(|(k, _)| !tunables.iter().any(|(t, _)| t == k));
+        self.tunables.extend(tunables.iter().cloned());
+        self.restart()?;
+        Ok(true)
     }
 
     fn finish(self: Box<Self>) -> Result<(), BenchError> {
@@ -621,4 +664,29 @@ fn uext4_mount(image: &Path, mountpoint: &Path, options: &str) -> Result<DaemonS
         mountpoint.into(),
     ];
     DaemonSession::start("uext4 mount", argv, mountpoint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_takes_mkfs_features_and_only_uext4s_take_options() {
+        let kernel = Target::parse("kernel:features=^inline_data").unwrap();
+        assert_eq!(kernel.mkfs_features().as_deref(), Some("^inline_data"));
+        assert_eq!(kernel.name(), "kernel:features=^inline_data");
+        let uext4 = Target::parse("uext4:features=inline_data+^metadata_csum,hash_goal=on").unwrap();
+        assert_eq!(uext4.mkfs_features().as_deref(), Some("inline_data,^metadata_csum"));
+        assert!(!uext4.is_base());
+        assert_eq!(Target::parse("uext4").unwrap().mkfs_features(), None);
+        for bad in [
+            "kernel:features=",
+            "kernel:features=in,line",
+            "kernel:features=a+",
+            "kernel:features=^",
+            "kernel:hash_goal=on",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

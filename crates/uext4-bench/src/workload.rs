@@ -36,6 +36,20 @@ pub trait Phases {
     /// The number of threads the next timed phase runs (recorded in its
     /// sample as `threads`; 1 unless said).
     fn threads(&mut self, _threads: u64) {}
+    /// Closes the target and opens it again with these tunables for the rest
+    /// of the run (`hash_goal=on` for a directory made under it). Ok(false):
+    /// the target takes no tunables (the kernel, fuse2fs, uext4's mounts) and
+    /// the workload leaves out what needed them.
+    fn reopen_with(&mut self, _tunables: &[(&str, &str)]) -> Result<bool, BenchError> {
+        Ok(false)
+    }
+}
+
+/// `UEXT4_BENCH_TINY=1`: the workloads that honour it (seeds 003 and 004's)
+/// shrink to a size that runs in seconds, for the CLI's tests; the figures
+/// then mean nothing.
+pub fn tiny() -> bool {
+    std::env::var("UEXT4_BENCH_TINY").as_deref() == Ok("1")
 }
 
 pub trait Workload: Sync {
@@ -74,6 +88,12 @@ pub trait Workload: Sync {
     fn extent_files(&self, _quick: bool) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// The phase whose samples carry the image's used bytes after the run
+    /// (`Sample::used_bytes`, read with dumpe2fs once the target has let go
+    /// of the image), for workloads that measure space.
+    fn space_phase(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 pub fn all() -> Vec<&'static dyn Workload> {
@@ -90,13 +110,18 @@ pub fn all() -> Vec<&'static dyn Workload> {
         &FsyncStorm,
         &Crunl,
         &RndRename,
+        &crate::inline_data::InlineFind,
+        &crate::inline_data::InlinePostmark,
+        &crate::inline_data::InlineFsmark,
+        &crate::inline_data::InlineSpace,
     ]
 }
 
 /// Workloads run only by name: too long for `all --quick` (seed 000's
-/// experiment creates 300,000 files at its quick size).
+/// experiment creates 300,000 files at its quick size, seed 003's 200,000
+/// five times over).
 pub fn by_name_only() -> Vec<&'static dyn Workload> {
-    vec![&IReserve { toy: true }, &IReserve { toy: false }, &Zeroout]
+    vec![&IReserve { toy: true }, &IReserve { toy: false }, &Zeroout, &crate::rmtree::RmTree]
 }
 
 /// Removes everything below `path` the way `rm -rf` does, in readdir order:

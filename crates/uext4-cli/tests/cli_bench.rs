@@ -285,3 +285,115 @@ fn bench_records_threads_for_seed_002s_workloads() {
     let markdown = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
     assert!(markdown.contains("| T=2 | uext4:pdirops=off |"), "{markdown}");
 }
+
+/// `uext4 bench` with the seeds' workloads shrunk to seconds
+/// (`UEXT4_BENCH_TINY=1`), one run on `targets`; returns the JSON and the
+/// markdown, or None when e2fsprogs is missing here.
+fn tiny_bench(workloads: &[&str], targets: &str) -> Option<(serde_json::Value, String)> {
+    if !have("mkfs.ext4") || !have("dumpe2fs") {
+        assert!(!oracles_required(), "e2fsprogs is required");
+        eprintln!("SKIPPED: the bench needs mkfs.ext4, dumpe2fs and e2fsck");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let work = dir.path().join("work");
+    let mut args = vec!["bench"];
+    args.extend(workloads);
+    args.extend(["--runs", "1", "--targets", targets, "--out", out_dir.to_str().unwrap()]);
+    args.extend(["--work", work.to_str().unwrap()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_uext4"))
+        .args(&args)
+        .env("UEXT4_BENCH_TINY", "1")
+        .output()
+        .expect("run uext4 bench");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    let markdown = std::fs::read_to_string(out_dir.join("results.md")).unwrap();
+    Some((json, markdown))
+}
+
+/// The targets of `wanted` that ran (the kernel's may be skipped without root
+/// or loop devices, but not where the oracles are required).
+fn measured(json: &serde_json::Value, wanted: &[&'static str]) -> Vec<&'static str> {
+    let ran: Vec<&str> = json["targets"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    let out: Vec<&'static str> = wanted.iter().copied().filter(|t| ran.contains(t)).collect();
+    if out.len() < wanted.len() {
+        assert!(!oracles_required(), "targets skipped: ran {ran:?} of {wanted:?}: {}", json["skipped"]);
+    }
+    out
+}
+
+fn phases_of(json: &serde_json::Value, workload: &str, target: &str) -> Vec<String> {
+    json["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["workload"] == workload && s["target"] == target)
+        .map(|s| s["phase"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Seed 003's rmtree: every deletion order on the library, with the phase that
+/// reopens it with hash_goal=on; the kernel runs all but that one (its
+/// remove_tree is GNU rm -rf); every phase carries modelled disk time.
+#[test]
+fn bench_rmtree_runs_every_deletion_order() {
+    let Some((json, markdown)) = tiny_bench(&["rmtree"], "uext4,kernel") else { return };
+    let common = ["create", "readdir-order", "inode-order", "remove_tree"];
+    for target in measured(&json, &["uext4", "kernel"]) {
+        let mut expected: Vec<&str> = common.to_vec();
+        if target == "uext4" {
+            expected.push("hash-goal-readdir-order");
+        }
+        assert_eq!(phases_of(&json, "rmtree", target), expected, "{target}");
+        for phase in expected {
+            assert!(markdown.contains(&format!("| {phase} | {target} |")), "{phase} on {target}:\n{markdown}");
+        }
+    }
+    for s in json["samples"].as_array().unwrap() {
+        assert_eq!(s["ops"], 2000, "{s}");
+        if s["target"] == "uext4" {
+            assert!(s["model"]["hdd_s"].as_f64().unwrap() > 0.0, "{s}");
+        }
+    }
+}
+
+/// Seed 004's find and space workloads on images with inline_data, the
+/// kernel beside itself on an image without it (`features=^inline_data`).
+/// The kernel keeps the tree's files under 60 bytes in their inodes: it uses
+/// fewer blocks with the feature than without.
+#[test]
+fn bench_inline_find_and_space_compare_images_with_and_without_the_feature() {
+    let targets = "uext4,uext4:inline_data=off,kernel,kernel:features=^inline_data";
+    let Some((json, markdown)) = tiny_bench(&["inline-find", "inline-space"], targets) else { return };
+    let ran = measured(&json, &["uext4", "uext4:inline_data=off", "kernel", "kernel:features=^inline_data"]);
+    let space = |target: &str| {
+        let s = json["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["workload"] == "inline-space" && s["target"] == target)
+            .unwrap_or_else(|| panic!("no inline-space sample of {target}"));
+        let (used, fresh) = (s["used_bytes"].as_u64().unwrap(), s["fresh_used_bytes"].as_u64().unwrap());
+        assert!(used > fresh && used % 4096 == 0, "{s}");
+        used - fresh
+    };
+    for &target in &ran {
+        assert_eq!(phases_of(&json, "inline-find", target), ["find -name a", "lookup a"], "{target}");
+        assert_eq!(phases_of(&json, "inline-space", target), ["create"], "{target}");
+        assert!(markdown.contains(&format!("| find -name a | {target} |")), "{markdown}");
+        space(target);
+    }
+    if ran.contains(&"kernel") {
+        assert!(space("kernel") < space("kernel:features=^inline_data"), "{json}");
+    }
+    assert!(markdown.contains("Space (dumpe2fs after the run"), "{markdown}");
+    // Only the space workload measures space.
+    assert!(json["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| (s["workload"] == "inline-space") == s["used_bytes"].is_u64()));
+}
