@@ -34,7 +34,7 @@ fn with_inline_data(inode_size: Option<u32>) -> Vec<String> {
 
 /// A source-like tree of small directories: each directory under a random
 /// earlier one, each holding 0..=5 files (one directory in 50 holds 40), file
-/// sizes as in a source tree: one in six under 60 bytes, one in six 60..500,
+/// sizes as in a source tree: one in 25 under 60 bytes, one in 25 60..500,
 /// most a few KiB, one in twenty up to 64 KiB. Directories are `dNNNNN`, files
 /// `fNNNNNN.c`: a walk knows which is which by the name, as find knows it by
 /// d_type, without a stat.
@@ -70,9 +70,9 @@ impl SmallTree {
         for dir in &dirs {
             let files = if rng.below(50) == 0 { 40 } else { rng.below(6) };
             for _ in 0..files {
-                let len = match rng.below(12) {
-                    0 | 1 => 1 + rng.below(59),
-                    2 | 3 => 60 + rng.below(440),
+                let len = match rng.below(25) {
+                    0 => 1 + rng.below(59),
+                    1 => 60 + rng.below(440),
                     _ if rng.below(20) == 0 => rng.below(64 << 10),
                     _ => 500 + rng.below(8 << 10),
                 };
@@ -389,6 +389,6 @@ mod tests {
         }
         assert_eq!(dirs.len(), 200);
         // Some files small enough for i_block alone, most not.
-        assert!(tiny_files > 0 && tiny_files < files / 2, "{tiny_files} of {files}");
+        assert!(tiny_files > 0 && tiny_files < files / 10, "{tiny_files} of {files}");
     }
 }
