@@ -32,9 +32,28 @@ fn with_inline_data(inode_size: Option<u32>) -> Vec<String> {
     args
 }
 
-/// A source-like tree of small directories: each directory under a random
-/// earlier one, each holding 0..=5 files (one directory in 50 holds 40), file
-/// sizes as in a source tree: one in 25 under 60 bytes, one in 25 60..500,
+/// Seed 004's fsstats of a home directory (13,671 directories, 11.6 entries
+/// on average): per range of entries, the directories in it, in thousandths.
+const SEED_DIR_SIZES: [(u64, u64, u64); 8] =
+    [(0, 1, 380), (2, 3, 164), (4, 7, 166), (8, 15, 137), (16, 31, 82), (32, 63, 41), (64, 127, 17), (128, 255, 13)];
+
+/// How many files a directory of the tree holds: a range drawn with the seed's
+/// weights, a count drawn evenly within it.
+fn files_in_a_directory(rng: &mut Rng) -> u64 {
+    let mut pick = rng.below(1000);
+    for (low, high, weight) in SEED_DIR_SIZES {
+        if pick < weight {
+            return low + rng.below(high - low + 1);
+        }
+        pick -= weight;
+    }
+    0
+}
+
+/// A source-like tree of directories mostly small: each directory under a
+/// random earlier one, holding as many files as seed 004's fsstats histogram
+/// gives (`SEED_DIR_SIZES`: over half hold under 4 entries), file sizes as in a
+/// source tree: one in 25 under 60 bytes, one in 25 60..500,
 /// most a few KiB, one in twenty up to 64 KiB. Directories are `dNNNNN`, files
 /// `fNNNNNN.c`: a walk knows which is which by the name, as find knows it by
 /// d_type, without a stat.
@@ -68,7 +87,7 @@ impl SmallTree {
         }
         let mut f = 0u64;
         for dir in &dirs {
-            let files = if rng.below(50) == 0 { 40 } else { rng.below(6) };
+            let files = files_in_a_directory(&mut rng);
             for _ in 0..files {
                 let len = match rng.below(25) {
                     0 => 1 + rng.below(59),
