@@ -425,6 +425,7 @@ fn write_outputs(results: &Results, out: &Path) -> Result<(), BenchError> {
 #[cfg(test)]
 mod tests {
     use super::{parse_used_bytes, percentile_99};
+    use std::time::Duration;
 
     #[test]
     fn used_bytes_sum_the_groups_free_blocks() {
@@ -434,7 +435,6 @@ mod tests {
         assert_eq!(parse_used_bytes(dumpe2fs), Some((16384 - 384) * 4096));
         assert_eq!(parse_used_bytes("Block size: 4096\n"), None);
     }
-    use std::time::Duration;
 
     #[test]
     fn the_99th_percentile_is_the_nearest_rank() {
