@@ -111,7 +111,9 @@ fn lay_out(area: &mut [u8], attrs: &[DiskAttr], entries_off: usize, value_base: 
     for a in attrs {
         v -= xattr::value_len(a.value.len());
         area[v..v + a.value.len()].copy_from_slice(&a.value);
-        let hash = xattr::entry_hash(&a.suffix, &a.value);
+        // system.data's e_hash is 0, as the kernel leaves it (inline/mod.rs).
+        let hash =
+            if a.index == INDEX_SYSTEM && a.suffix == b"data" { 0 } else { xattr::entry_hash(&a.suffix, &a.value) };
         area[e] = a.suffix.len() as u8;
         area[e + 1] = a.index;
         put_le16(area, e + 2, if a.value.is_empty() { 0 } else { (v - value_base) as u16 });
