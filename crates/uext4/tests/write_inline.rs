@@ -581,3 +581,168 @@ fn round_trips_with_the_kernel() {
         std::fs::remove_file(&image).unwrap();
     }
 }
+
+extern "C" {
+    fn lseek(fd: i32, offset: i64, whence: i32) -> i64;
+}
+
+/// The kernel's lseek SEEK_DATA (3) or SEEK_HOLE (4) on a file, None for ENXIO.
+fn kernel_seek(path: &std::path::Path, offset: u64, data: bool) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid descriptor; lseek only reads its arguments.
+    let r = unsafe { lseek(f.as_raw_fd(), offset as i64, if data { 3 } else { 4 }) };
+    (r >= 0).then_some(r as u64)
+}
+
+/// SEEK_DATA and SEEK_HOLE on uext4's inline files equal the kernel's lseek on
+/// the same files; attributes set beside inline data land where the kernel puts
+/// them (the body while it has room, else the xattr block, the data staying
+/// inline; a full block is ENOSPC on both), and the room they take is the
+/// inline capacity's, as the kernel counts it.
+#[test]
+fn seeks_and_xattrs_beside_inline_data_match_the_kernel() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() || !oracle::have_tool("setfattr") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = fresh_image(dir.path(), "kernel.img", 4096, 256);
+    let ours = fresh_image(dir.path(), "ours.img", 4096, 256);
+    // (name, size written, truncated up to)
+    let files: [(&str, usize, Option<u64>); 5] = [
+        ("one", 1, None),
+        ("sixty", 60, None),
+        ("hundred", 100, None),
+        ("up", 10, Some(40)),
+        ("up-more", 70, Some(100)),
+    ];
+    // (file, attribute, value length): in order, on both sides.
+    let attrs: [(&str, &str, usize); 6] = [
+        ("hundred", "user.a", 4),
+        ("hundred", "user.bb", 100),
+        ("hundred", "user.c", 3000),
+        ("hundred", "user.d", 2000),
+        ("grows", "user.x", 40),
+        ("grows", "user.y", 10),
+    ];
+    let value = |n: usize| vec![b'v'; n];
+    let mut kernel_results = Vec::new();
+    {
+        let m = oracle::Mount::new(&kernel, "");
+        for (name, size, up) in files {
+            std::fs::write(m.dir.join(name), bytes(size, 1)).unwrap();
+            if let Some(up) = up {
+                std::fs::OpenOptions::new().write(true).open(m.dir.join(name)).unwrap().set_len(up).unwrap();
+            }
+        }
+        std::fs::write(m.dir.join("grows"), bytes(10, 2)).unwrap();
+        for (file, attr, len) in attrs {
+            let ok = std::process::Command::new("setfattr")
+                .args(["-n", attr, "-v", &String::from_utf8(value(len)).unwrap()])
+                .arg(m.dir.join(file))
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&ok.stderr).to_string();
+            kernel_results.push(if ok.status.success() {
+                "ok".to_string()
+            } else if text.contains("No space left") {
+                "ENOSPC".to_string()
+            } else {
+                text
+            });
+        }
+        // Grows past what the body leaves beside user.x and user.y.
+        use std::io::Write;
+        std::fs::OpenOptions::new().append(true).open(m.dir.join("grows")).unwrap().write_all(&bytes(60, 3)).unwrap();
+        for (name, ..) in files {
+            let p = m.dir.join(name);
+            let size = std::fs::metadata(&p).unwrap().len();
+            for off in [0, 1, 9, 10, 39, 59, 60, 61, 99, size.saturating_sub(1), size, size + 1] {
+                let (d, h) = (kernel_seek(&p, off, true), kernel_seek(&p, off, false));
+                kernel_results.push(format!("{name} {off}: data {d:?} hole {h:?}"));
+            }
+        }
+        m.unmount();
+    }
+    let mut our_results = Vec::new();
+    {
+        let fs = writable(&ours);
+        for (name, size, up) in files {
+            let ino = fs.create(ROOT_INO, name.as_bytes(), 0o644, ROOT).unwrap().ino;
+            fs.write(ino, 0, &bytes(size, 1)).unwrap();
+            if let Some(up) = up {
+                fs.setattr(ino, &SetAttr { size: Some(up), ..Default::default() }).unwrap();
+            }
+        }
+        let grows = fs.create(ROOT_INO, b"grows", 0o644, ROOT).unwrap().ino;
+        fs.write(grows, 0, &bytes(10, 2)).unwrap();
+        for (file, attr, len) in attrs {
+            let ino = fs.lookup_path(format!("/{file}").as_bytes()).unwrap();
+            our_results.push(match fs.set_xattr(ino, attr.as_bytes(), &value(len), 0) {
+                Ok(()) => "ok".to_string(),
+                Err(uext4::Error::NoSpace(_)) => "ENOSPC".to_string(),
+                Err(e) => e.to_string(),
+            });
+        }
+        fs.write(grows, 10, &bytes(60, 3)).unwrap();
+        for (name, ..) in files {
+            let ino = fs.lookup_path(format!("/{name}").as_bytes()).unwrap();
+            let size = fs.stat(ino).unwrap().size;
+            for off in [0, 1, 9, 10, 39, 59, 60, 61, 99, size.saturating_sub(1), size, size + 1] {
+                let (d, h) =
+                    (fs.seek_data_or_hole(ino, off, true).unwrap(), fs.seek_data_or_hole(ino, off, false).unwrap());
+                our_results.push(format!("{name} {off}: data {d:?} hole {h:?}"));
+            }
+        }
+        fs.sync().unwrap();
+    }
+    assert_eq!(our_results, kernel_results);
+    oracle::assert_e2fsck_clean(&ours);
+    // The same layouts, by debugfs: inline or not, inline sizes, an xattr block or not.
+    let shape = |image: &std::path::Path, name: &str| {
+        let out = oracle::run(std::process::Command::new("debugfs").arg("-R").arg(format!("stat /{name}")).arg(image));
+        let inline = out.lines().find(|l| l.contains("Size of inline data")).map(str::to_string);
+        let acl = out.lines().find_map(|l| l.trim().strip_prefix("File ACL: ")).map(|v| v.trim() != "0");
+        let size = out.lines().find_map(|l| l.split("Size: ").nth(1).map(|s| s.trim().to_string()));
+        (inline, acl, size)
+    };
+    for name in ["one", "sixty", "hundred", "up", "up-more", "grows"] {
+        assert_eq!(shape(&ours, name), shape(&kernel, name), "{name}: debugfs stat");
+    }
+    let k = Filesystem::open(&kernel, Options::default()).unwrap();
+    let u = Filesystem::open(&ours, Options::default()).unwrap();
+    for name in ["hundred", "grows"] {
+        let attrs = |fs: &Filesystem| {
+            let mut a = fs.xattrs(fs.lookup_path(format!("/{name}").as_bytes()).unwrap()).unwrap();
+            a.sort();
+            a
+        };
+        assert_eq!(attrs(&u), attrs(&k), "{name}: attributes");
+    }
+}
+
+/// With inline_data=off nothing new is inline, and e2fsck agrees.
+#[test]
+fn inline_data_off_makes_ordinary_inodes() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = fresh_image(dir.path(), "off.img", 4096, 256);
+    {
+        let mut opts = Options { read_only: false, ..Options::default() };
+        opts.set("inline_data", "off").unwrap();
+        let fs = Filesystem::open(&image, opts).unwrap();
+        assert!(fs.tunables().iter().any(|t| t.name == "inline_data" && t.value == "off"));
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        let f = fs.create(d, b"f", 0o644, ROOT).unwrap().ino;
+        fs.write(f, 0, b"small").unwrap();
+        for ino in [d, f] {
+            assert_eq!(fs.stat(ino).unwrap().flags & EXT4_INLINE_DATA_FL, 0);
+        }
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    assert_eq!(debugfs_inline_size(&image, "d"), None);
+    assert_eq!(debugfs_inline_size(&image, "d/f"), None);
+}
