@@ -69,6 +69,19 @@ fn inline_files_and_directories_through_the_mount() {
     assert_eq!(debugfs_inline_size(&image, "d0"), Some(60));
     assert_eq!(debugfs_inline_size(&image, "d9"), Some(128));
     assert_eq!(debugfs_inline_size(&image, "d12"), None);
+    // uext4 stat shows the inline layout, uext4 stats the projection beside
+    // what the image holds: d0..=d9 are inline, as the kernel's rules project
+    // (which count the empty lost+found too; mkfs made it a block).
+    let at = |p: &str| format!("{}:{p}", image.display());
+    let stat = run(uext4().arg("stat").arg(at("/f100")));
+    assert!(
+        stat.contains("Inline data: 100 bytes in the inode (60 in i_block, system.data value of 40 bytes)"),
+        "{stat}"
+    );
+    let stats = run(uext4().arg("stats").arg(&image));
+    assert!(stats.contains("up to 128 bytes fit inline"), "{stats}");
+    assert!(stats.contains("directories that would fit inline: 11 of 15"), "{stats}");
+    assert!(stats.contains("inline in this image: 10\n"), "{stats}");
     let k = KernelMount::new(&image, "ro");
     assert_eq!(tree_listing(&k.dir), listing, "the kernel's view of what went through the mount");
 }
