@@ -746,3 +746,52 @@ fn inline_data_off_makes_ordinary_inodes() {
     assert_eq!(debugfs_inline_size(&image, "d"), None);
     assert_eq!(debugfs_inline_size(&image, "d/f"), None);
 }
+
+/// The kernel (6.18) makes no inline symlinks — a target of 60 bytes or more gets
+/// a block — and neither does uext4; e2fsprogs does (mkfs.ext4 -d), and uext4
+/// reads, moves and removes those, leaving e2fsck silent and the kernel reading
+/// the moved one.
+#[test]
+fn symlinks_follow_the_kernel_and_e2fsprogs_inline_ones_are_kept() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    let long = "x".repeat(100);
+    let other = "y".repeat(70);
+    std::os::unix::fs::symlink(&long, tree.join("long-link")).unwrap();
+    std::os::unix::fs::symlink(&other, tree.join("sub/l2")).unwrap();
+    let image = dir.path().join("sym.img");
+    oracle::run(
+        std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-O", "inline_data", "-I", "256", "-d"])
+            .arg(&tree)
+            .arg(&image)
+            .arg("16M"),
+    );
+    {
+        let fs = writable(&image);
+        let link = fs.lookup_path(b"/long-link").unwrap();
+        assert_ne!(fs.stat(link).unwrap().flags & EXT4_INLINE_DATA_FL, 0, "e2fsprogs made no inline symlink");
+        assert_eq!(fs.read_link(link).unwrap(), long.as_bytes());
+        let sub = fs.lookup_path(b"/sub").unwrap();
+        fs.rename(ROOT_INO, b"long-link", sub, b"moved", 0).unwrap();
+        fs.unlink(sub, b"l2").unwrap();
+        // uext4's own symlink of the same length gets a block, as the kernel's does.
+        let ours = fs.symlink(ROOT_INO, b"ours", long.as_bytes(), ROOT).unwrap().ino;
+        assert_eq!(fs.stat(ours).unwrap().flags & EXT4_INLINE_DATA_FL, 0);
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "");
+    assert_eq!(std::fs::read_link(m.dir.join("sub/moved")).unwrap().as_os_str(), long.as_str());
+    assert_eq!(std::fs::read_link(m.dir.join("ours")).unwrap().as_os_str(), long.as_str());
+    assert!(!m.dir.join("sub/l2").exists());
+    std::os::unix::fs::symlink(&long, m.dir.join("kernels")).unwrap();
+    m.unmount();
+    assert_eq!(debugfs_inline_size(&image, "kernels"), None, "the kernel made an inline symlink");
+    assert_eq!(debugfs_inline_size(&image, "ours"), None);
+    oracle::assert_e2fsck_clean(&image);
+}
