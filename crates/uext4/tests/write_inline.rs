@@ -795,3 +795,48 @@ fn symlinks_follow_the_kernel_and_e2fsprogs_inline_ones_are_kept() {
     assert_eq!(debugfs_inline_size(&image, "ours"), None);
     oracle::assert_e2fsck_clean(&image);
 }
+
+/// A file truncated up before its first write still goes inline at that write,
+/// its size past the inline bytes (even past the capacity), as the kernel does
+/// it; e2fsck accepts that shape, and the rest reads as zeros on both sides.
+#[test]
+fn a_file_sized_before_its_first_write_goes_inline_as_the_kernels() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = fresh_image(dir.path(), "kernel.img", 4096, 256);
+    let ours = fresh_image(dir.path(), "ours.img", 4096, 256);
+    let sizes = [50u64, 100, 1000];
+    {
+        let m = oracle::Mount::new(&kernel, "");
+        for size in sizes {
+            let p = m.dir.join(format!("t{size}"));
+            let f = std::fs::File::create(&p).unwrap();
+            f.set_len(size).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, b"abc", 0).unwrap();
+        }
+        m.unmount();
+    }
+    {
+        let fs = writable(&ours);
+        for size in sizes {
+            let ino = fs.create(ROOT_INO, format!("t{size}").as_bytes(), 0o644, ROOT).unwrap().ino;
+            fs.setattr(ino, &SetAttr { size: Some(size), ..Default::default() }).unwrap();
+            fs.write(ino, 0, b"abc").unwrap();
+        }
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&kernel);
+    oracle::assert_e2fsck_clean(&ours);
+    let k = Filesystem::open(&kernel, Options::default()).unwrap();
+    let u = Filesystem::open(&ours, Options::default()).unwrap();
+    for size in sizes {
+        let name = format!("/t{size}");
+        let (ki, ui) = (k.lookup_path(name.as_bytes()).unwrap(), u.lookup_path(name.as_bytes()).unwrap());
+        assert_eq!(inline_area(&u, ui), inline_area(&k, ki), "{name}");
+        let mut want = vec![0u8; size as usize];
+        want[..3].copy_from_slice(b"abc");
+        assert!(u.read_all(ui).unwrap() == want && k.read_all(ki).unwrap() == want, "{name}: contents");
+    }
+}

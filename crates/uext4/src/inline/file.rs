@@ -42,9 +42,11 @@ impl Filesystem {
                 return Ok(false);
             }
             let first_write = self.inline_on && self.may_inline.lock().remove(&ino);
-            // Blocks already (fallocate keeps the size at 0) or an xattr block: the
-            // first write goes to blocks.
-            if !first_write || inode.i_size != 0 || inode.i_blocks != 0 || !self.inline_allowed(ino, inode)? {
+            // Blocks already (fallocate with KEEP_SIZE) or an xattr block: the
+            // first write goes to blocks. A size set by a truncate before the first
+            // write does not stop it, as in the kernel (i_size may then stay past
+            // the inline bytes, even past the capacity; the rest reads as zeros).
+            if !first_write || inode.i_blocks != 0 || !self.inline_allowed(ino, inode)? {
                 return Ok(false);
             }
         }
