@@ -840,3 +840,52 @@ fn a_file_sized_before_its_first_write_goes_inline_as_the_kernels() {
         assert!(u.read_all(ui).unwrap() == want && k.read_all(ki).unwrap() == want, "{name}: contents");
     }
 }
+
+/// Threads creating, writing and removing names side by side in shared small
+/// directories (each moving from inline to a block while others change it, under
+/// the structure lock) and in small files: whatever the interleaving, every name
+/// and byte ends as its thread left it, and e2fsck -fn is silent.
+#[test]
+fn concurrent_changes_of_inline_directories_and_files() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = fresh_image(dir.path(), "threads.img", 1024, 256);
+    let fs = std::sync::Arc::new(writable(&image));
+    let dirs: Vec<u32> =
+        (0..6).map(|d| fs.mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, ROOT).unwrap().ino).collect();
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            let (fs, dirs) = (fs.clone(), dirs.clone());
+            s.spawn(move || {
+                for round in 0..12 {
+                    for &d in &dirs {
+                        let name = format!("t{t}-{round}");
+                        let f = fs.create(d, name.as_bytes(), 0o644, ROOT).unwrap().ino;
+                        fs.write(f, 0, &bytes(10 + round * 11, t)).unwrap();
+                        if round % 3 == 2 {
+                            fs.unlink(d, format!("t{t}-{}", round - 1).as_bytes()).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    for &d in &dirs {
+        let mut names: Vec<String> =
+            fs.read_dir(d).unwrap().into_iter().skip(2).map(|e| String::from_utf8(e.name).unwrap()).collect();
+        names.sort();
+        let mut want: Vec<String> =
+            (0..4).flat_map(|t| (0..12).filter(|r| r % 3 != 1).map(move |r| format!("t{t}-{r}"))).collect();
+        want.sort();
+        assert_eq!(names, want);
+        for t in 0..4u8 {
+            let f = fs.lookup(d, format!("t{t}-11").as_bytes()).unwrap().unwrap();
+            assert_eq!(fs.read_all(f).unwrap(), bytes(10 + 11 * 11, t));
+        }
+    }
+    fs.sync().unwrap();
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+}
