@@ -180,12 +180,18 @@ fn print_mapping(fs: &Filesystem, ino: u32) -> Result<()> {
     let inode = fs.inode(ino)?;
     if inode.has_flag(EXT4_INLINE_DATA_FL) {
         let data = fs.inline_data(ino, &inode)?;
+        let size = data.len().min(inode.i_size as usize);
         println!(
-            "Inline data: {} bytes stored in the inode ({} in i_block, {} in system.data)",
-            data.len().min(inode.i_size as usize),
-            60,
-            data.len() - 60
+            "Inline data: {size} bytes in the inode ({} in i_block, system.data value of {} bytes); inline size {}, capacity {}",
+            size.min(60),
+            data.len() - 60,
+            data.len(),
+            fs.max_inline_size(ino, &inode)?
         );
+        // As FIEMAP reports an inline file: one extent, inline and not aligned.
+        if !inode.is_dir() && size > 0 {
+            println!("Extents: [0, {size}) FIEMAP_EXTENT_DATA_INLINE | FIEMAP_EXTENT_NOT_ALIGNED | FIEMAP_EXTENT_LAST");
+        }
         return Ok(());
     }
     if inode.is_symlink() && fs.is_fast_symlink(&inode) {

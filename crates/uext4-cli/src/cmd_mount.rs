@@ -47,7 +47,8 @@ new directory's files (seed 000; default off)\n  \
 hash_goal=on|off       in indexed directories, place inodes in name-hash order (seed 003; default off)\n  \
 pdirops=on|off         changes in one indexed directory lock their names, not the directory\n                         \
 (seed 002; default on)\n  \
-inline_data            not implemented yet: only =off is accepted\n  \
+inline_data=on|off     on images with the inline_data feature, keep new small files and\n                         \
+directories in their inodes as the kernel does (seed 004; default on)\n  \
 suid, dev, exec / nosuid, nodev, noexec   as mount(8)'s (default nosuid,nodev)\n  \
 relatime, strictatime, noatime   when reads move atime (default relatime)\n  \
 defaults, auto, noauto, user, users, nofail, _netdev, x-*, comment=   fstab's own: accepted, ignored\n\n\
@@ -894,9 +895,11 @@ mod tests {
         assert!(parse_options(&["pdirops=on".into()]).unwrap().opts.pdirops);
         let e = parse_options(&["pdirops=maybe".into()]).err().unwrap().to_string();
         assert!(e.contains("pdirops=maybe"), "{e}");
-        assert!(parse_options(&["inline_data=off".into()]).is_ok());
-        let e = parse_options(&["inline_data=on".into()]).err().unwrap().to_string();
-        assert!(e.contains("inline_data=on") && e.contains("not implemented"), "{e}");
+        assert!(parse_options(&[]).unwrap().opts.inline_data, "inline_data is on by default");
+        assert!(!parse_options(&["inline_data=off".into()]).unwrap().opts.inline_data);
+        assert!(parse_options(&["inline_data=on".into()]).unwrap().opts.inline_data);
+        let e = parse_options(&["inline_data=maybe".into()]).err().unwrap().to_string();
+        assert!(e.contains("inline_data=maybe"), "{e}");
         assert!(parse_options(&["nosuchoption".into()]).err().unwrap().to_string().contains("nosuchoption"));
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert_eq!(parse_options(&[]).unwrap().uring, UringMode::Auto);

@@ -72,20 +72,19 @@ impl Histogram {
 pub fn run(a: StatsArgs) -> Result<()> {
     let fs = open_ro(&a.image, &a.open)?;
     let g = fs.geometry().clone();
-    // Inline capacity: 60 bytes of i_block plus what the xattr area can give the
-    // system.data value (header 4 + entry 20 + terminator 4 bytes of overhead).
-    let ibody = g.inode_size.saturating_sub(128 + 32);
-    let xattr_room = ibody.saturating_sub(4 + 20 + 4);
-    let inline_max = if g.inode_size > 128 { 60 + xattr_room } else { 60 };
+    let inline_max = inline_capacity(g.inode_size);
     let mut dir_entries = Histogram::default();
     let mut file_sizes = Histogram::default();
-    let (mut files, mut dirs, mut inline_files, mut inline_dirs, mut already_inline) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut files, mut dirs, mut inline_files, mut inline_dirs) = (0u64, 0u64, 0u64, 0u64);
+    let (mut held_files, mut held_dirs) = (0u64, 0u64);
     fs.walk(ROOT_INO, &mut |_path, st| {
         match st.file_type {
             FileType::Regular => {
                 files += 1;
                 file_sizes.add(st.size);
-                if st.size as usize <= inline_max {
+                // The kernel makes a file inline at its first write when it fits;
+                // an empty file is never written, so never inline.
+                if st.size > 0 && st.size as usize <= inline_max {
                     inline_files += 1;
                 }
             }
@@ -94,16 +93,17 @@ pub fn run(a: StatsArgs) -> Result<()> {
                 let entries = fs.read_dir(st.ino)?;
                 let names: Vec<_> = entries.iter().filter(|e| e.name != b"." && e.name != b"..").collect();
                 dir_entries.add(names.len() as u64);
-                // An inline directory keeps a 4-byte parent pointer and packed entries.
-                let need: usize = 4 + names.iter().map(|e| rec_len_for(e.name.len())).sum::<usize>();
-                if need <= inline_max {
+                if dir_fits_inline(names.iter().map(|e| e.name.len()), inline_max) {
                     inline_dirs += 1;
                 }
             }
             _ => {}
         }
         if st.flags & uext4::format::inode::EXT4_INLINE_DATA_FL != 0 {
-            already_inline += 1;
+            match st.file_type {
+                FileType::Directory => held_dirs += 1,
+                _ => held_files += 1,
+            }
         }
         Ok(())
     })?;
@@ -111,7 +111,10 @@ pub fn run(a: StatsArgs) -> Result<()> {
     println!();
     file_sizes.print("file size (bytes)", "bytes");
     println!();
-    println!("Inode size {} bytes: up to {inline_max} bytes fit inline", g.inode_size);
+    println!(
+        "Inode size {} bytes: up to {inline_max} bytes fit inline (the kernel's rules: 60 in i_block, the rest in system.data)",
+        g.inode_size
+    );
     let pct = |a: u64, b: u64| {
         if b == 0 {
             0.0
@@ -119,8 +122,69 @@ pub fn run(a: StatsArgs) -> Result<()> {
             100.0 * a as f64 / b as f64
         }
     };
-    println!("  files that would fit inline:       {inline_files} of {files} ({:.1}%)", pct(inline_files, files));
-    println!("  directories that would fit inline: {inline_dirs} of {dirs} ({:.1}%)", pct(inline_dirs, dirs));
-    println!("  inodes already inline:             {already_inline}");
+    println!(
+        "  files that would fit inline:       {inline_files} of {files} ({:.1}%); inline in this image: {held_files}",
+        pct(inline_files, files)
+    );
+    println!(
+        "  directories that would fit inline: {inline_dirs} of {dirs} ({:.1}%); inline in this image: {held_dirs}",
+        pct(inline_dirs, dirs)
+    );
+    if !g.has_inline_data {
+        println!("  (this image has no inline_data feature: nothing is kept inline)");
+    }
     Ok(())
+}
+
+/// The bytes a new inode of `inode_size` holds inline, as the kernel's
+/// `ext4_get_max_inline_size` counts them for an inode with no other in-body
+/// attribute: 60 in i_block plus the body after the 32 extra bytes, less the
+/// xattr magic (4), the system.data entry (20) and the list's terminator (4).
+/// 128-byte inodes have no body: nothing inline.
+fn inline_capacity(inode_size: usize) -> usize {
+    if inode_size <= 128 + 32 + 4 {
+        return 0;
+    }
+    let region = inode_size - 128 - 32 - 4;
+    match region.checked_sub(4 + 20) {
+        Some(free) => 60 + (free & !3),
+        None => 0,
+    }
+}
+
+/// Whether a directory of names of these lengths, created in this order, stays
+/// inline under the kernel's rules (`ext4_try_add_inline_entry`): each name goes
+/// into the 56 bytes of i_block after the parent when it has room, else into the
+/// system.data run (all the capacity beyond i_block).
+fn dir_fits_inline(name_lens: impl Iterator<Item = usize>, capacity: usize) -> bool {
+    if capacity < 60 {
+        return false;
+    }
+    let (mut i_block, mut value) = (56usize, capacity - 60);
+    for len in name_lens {
+        let need = rec_len_for(len);
+        if need <= i_block {
+            i_block -= need;
+        } else if need <= value {
+            value -= need;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacities_and_directories_follow_the_kernel() {
+        assert_eq!((inline_capacity(128), inline_capacity(256), inline_capacity(512)), (0, 128, 384));
+        // Two-byte names: 4 in i_block, 5 in system.data's 68 bytes.
+        assert!(dir_fits_inline(std::iter::repeat_n(2, 9), 128));
+        assert!(!dir_fits_inline(std::iter::repeat_n(2, 10), 128));
+        assert!(dir_fits_inline(std::iter::empty(), 128));
+        assert!(!dir_fits_inline(std::iter::empty(), 0));
+    }
 }

@@ -93,6 +93,11 @@ pub struct Options {
     /// indexed directory lock the names they touch, not the whole directory.
     /// On by default.
     pub pdirops: bool,
+    /// Inline data for new inodes (seed 004; `inline`): on an image with the
+    /// inline_data feature, new directories and files whose first write fits are
+    /// kept in the inode, as the kernel keeps them. On by default; no effect on
+    /// images without the feature.
+    pub inline_data: bool,
     /// Sees every device request, sorted by what it holds and priced on model
     /// disks (`dev::io_model`); for benchmarks. The model may outlive the
     /// filesystem (a reopen keeps counting).
@@ -122,6 +127,7 @@ impl Default for Options {
             dir_ireserve: crate::alloc::DirReserve::Off,
             hash_goal: false,
             pdirops: true,
+            inline_data: true,
             io_model: None,
             region: crate::dev::Region::Whole,
             bypass_journal: false,
@@ -159,6 +165,12 @@ pub struct Filesystem {
     pub(crate) rename_lock: Mutex<()>,
     /// pdirops (seed 002): indexed directories take their changes by name.
     pub(crate) pdirops: bool,
+    /// The inline_data option as given, and whether it acts (the image has the feature).
+    pub(crate) inline_data: bool,
+    pub(crate) inline_on: bool,
+    /// New regular files never written yet: the kernel's EXT4_STATE_MAY_INLINE_DATA,
+    /// which lets a first write that fits make the file inline (inline/file.rs).
+    pub(crate) may_inline: Mutex<std::collections::HashSet<u32>>,
     /// Directory locks (level 2a), by directory inode: shared by pdirops changes
     /// in an indexed directory, exclusive for every other change of its names.
     pub(crate) dir_locks: crate::locks::RwLockTable,
@@ -386,6 +398,7 @@ impl Filesystem {
         replayed_journal_blocks: usize,
     ) -> Result<Filesystem> {
         let geo = Geometry::of(&sb, !opts.ignore_checksums);
+        let inline_on = opts.inline_data && geo.has_inline_data;
         let vol = Arc::new(Volume::open(dev, sb, geo, opts.cache_mb, opts.errors, read_only, reason)?);
         let policy = match read_only {
             true => Box::new(MainlinePolicy),
@@ -406,6 +419,9 @@ impl Filesystem {
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
             pdirops: opts.pdirops,
+            inline_data: opts.inline_data,
+            inline_on,
+            may_inline: Mutex::new(std::collections::HashSet::new()),
             dir_locks: crate::locks::RwLockTable::default(),
             name_locks: crate::locks::RwLockTable::default(),
             inode_locks: crate::locks::RwLockTable::default(),

@@ -111,7 +111,9 @@ fn lay_out(area: &mut [u8], attrs: &[DiskAttr], entries_off: usize, value_base: 
     for a in attrs {
         v -= xattr::value_len(a.value.len());
         area[v..v + a.value.len()].copy_from_slice(&a.value);
-        let hash = xattr::entry_hash(&a.suffix, &a.value);
+        // system.data's e_hash is 0, as the kernel leaves it (inline/mod.rs).
+        let hash =
+            if a.index == INDEX_SYSTEM && a.suffix == b"data" { 0 } else { xattr::entry_hash(&a.suffix, &a.value) };
         area[e] = a.suffix.len() as u8;
         area[e + 1] = a.index;
         put_le16(area, e + 2, if a.value.is_empty() { 0 } else { (v - value_base) as u16 });
@@ -225,6 +227,7 @@ impl Filesystem {
         for (e, v) in xattr::parse_ibody(inode.xattr_area(), ino)? {
             attrs.push(DiskAttr { index: e.e_name_index, suffix: e.name, value: v });
         }
+        let body_count = attrs.len();
         let old_block = inode.i_file_acl;
         let mut old_refcount = 0;
         if old_block != 0 {
@@ -237,17 +240,24 @@ impl Filesystem {
                 attrs.push(DiskAttr { index: e.e_name_index, suffix: e.name, value: v });
             }
         }
+        let was_in_block: Vec<(u8, Vec<u8>)> =
+            attrs[body_count..].iter().map(|a| (a.index, a.suffix.clone())).collect();
         edit(&mut attrs)?;
 
-        // system.data (inline data) must stay in the inode; the body then takes the
-        // smallest attributes first, so as many as possible avoid the block.
-        attrs.sort_by_key(|a| (!(a.index == INDEX_SYSTEM && a.suffix == b"data"), a.space()));
+        // Placed as the kernel's ext4_xattr_set_handle places them: system.data
+        // (inline data) stays in the inode, first; an attribute in the block stays
+        // there; one in the body stays while it fits, else moves to the block; a
+        // new one goes into the body when it fits, else into the block. (The
+        // room left in the body is the inline data's capacity: inline/mod.rs.)
+        let is_data = |a: &DiskAttr| a.index == INDEX_SYSTEM && a.suffix == b"data";
+        attrs.sort_by_key(|a| !is_data(a));
         let area_len = inode.xattr_area().len();
         let mut body_room = area_len.saturating_sub(8);
         let mut body = Vec::new();
         let mut block = Vec::new();
         for a in attrs {
-            if area_len >= 8 && a.space() <= body_room {
+            let stays_in_block = !is_data(&a) && was_in_block.iter().any(|(i, s)| *i == a.index && *s == a.suffix);
+            if !stays_in_block && area_len >= 8 && a.space() <= body_room {
                 body_room -= a.space();
                 body.push(a);
             } else {

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uext4::dev::MemDevice;
+use uext4::format::inode::EXT4_INLINE_DATA_FL;
 use uext4::fuzzing::{self, Budget};
 use uext4::{Filesystem, Options, ROOT_INO};
 
@@ -769,7 +770,9 @@ fn reads_past_inline_data_never_panic() {
     let base = fixture(Shape::InlineData);
     let small = ino_of(&base, "/small");
     let mut img = base.clone();
-    // A 10-byte inline file that claims 100000 bytes.
+    // A 10-byte inline file that claims 100000 bytes: the kernel makes such
+    // files (truncated up before their first write) and e2fsck accepts them;
+    // past the stored bytes they read as zeros.
     edit_inode(&mut img, small, |s| put_le32(s, 0x4, 100_000));
     let (v, _) = both_modes("inline file longer than its data", &img);
     assert!(v.bug().is_none());
@@ -780,6 +783,112 @@ fn reads_past_inline_data_never_panic() {
         assert_eq!(n as u64, 64.min(100_000u64.saturating_sub(off)), "read at {off}");
     }
     assert_eq!(fs.read_all(small).unwrap().len(), 100_000);
+}
+
+/// The offset in an inode slot of its in-body `system.data` entry.
+fn system_data_entry(slot: &[u8]) -> usize {
+    use uext4::format::bytes::le16;
+    let mut e = 128 + le16(slot, 0x80) as usize + 4;
+    while slot[e..e + 4] != [0; 4] {
+        let name_len = slot[e] as usize;
+        if slot[e + 1] == 7 && &slot[e + 16..e + 16 + name_len] == b"data" {
+            return e;
+        }
+        e += (16 + name_len + 3) & !3;
+    }
+    panic!("no system.data entry")
+}
+
+/// Hostile inline inodes (issue 19): a system.data value longer than the inode
+/// body (file and directory), directory
+/// entries running past the end of their run, a directory size that is not its
+/// inline size, the inline flag without system.data. Each gives Corrupt when read
+/// and when changed, never a panic, and a refused change adds nothing e2fsck sees.
+#[test]
+fn hostile_inline_inodes_are_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    use uext4::format::bytes::{put_le16, put_le32};
+    let base = fixture(Shape::InlineData);
+    let file = ino_of(&base, "/inline-size");
+    let dir = ino_of(&base, "/a/b/c/d");
+    {
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(base.clone())), opts(false)).unwrap();
+        for ino in [file, dir] {
+            assert_ne!(fs.stat(ino).unwrap().flags & EXT4_INLINE_DATA_FL, 0, "inode {ino} is not inline");
+        }
+    }
+    type Edit = Box<dyn Fn(&mut [u8])>;
+    let cases: Vec<(&str, u32, Edit)> = vec![
+        (
+            "file system.data longer than the body",
+            file,
+            Box::new(|s| {
+                let e = system_data_entry(s);
+                put_le32(s, e + 8, 400);
+            }),
+        ),
+        (
+            "directory system.data longer than the body",
+            dir,
+            Box::new(|s| {
+                let e = system_data_entry(s);
+                put_le16(s, e + 2, 20);
+                put_le32(s, e + 8, 300);
+            }),
+        ),
+        ("directory entry running past i_block", dir, Box::new(|s| put_le16(s, 0x28 + 4 + 4, 100))),
+        ("directory size not its inline size", dir, Box::new(|s| put_le32(s, 0x4, 100))),
+        ("directory size past the capacity", dir, Box::new(|s| put_le32(s, 0x4, 4096))),
+        (
+            "inline flag without system.data",
+            file,
+            Box::new(|s| {
+                let e = system_data_entry(s);
+                s[e + 1] = 1; // now user.data
+            }),
+        ),
+        (
+            "inline directory without system.data",
+            dir,
+            Box::new(|s| {
+                let e = system_data_entry(s);
+                s[e + 1] = 1;
+            }),
+        ),
+    ];
+    for (what, ino, edit) in cases {
+        let mut img = base.clone();
+        edit_inode(&mut img, ino, |s| edit(s));
+        let (v, w) = both_modes(what, &img);
+        assert!(v.bug().is_none() && w.bug().is_none(), "{what}: {}", v.short());
+        let fs = Filesystem::open_device(Arc::new(MemDevice::new(img.clone())), opts(false)).unwrap();
+        let read = if ino == file { fs.read_all(ino).map(|_| ()) } else { fs.read_dir(ino).map(|_| ()) };
+        assert!(is_corrupt_mentioning(&read, &[]), "{what}: reading gave {read:?}");
+        drop(fs);
+        if ino == file {
+            let path = "/inline-size";
+            assert_write_refused(what, &img, &[], &|fs| {
+                fs.write(fs.lookup_path(path.as_bytes())?, 0, b"x").map(|_| ())
+            });
+            assert_write_refused(what, &img, &[], &|fs| {
+                fs.write(fs.lookup_path(path.as_bytes())?, 120, b"xyzxyz").map(|_| ())
+            });
+            assert_write_refused(what, &img, &[], &|fs| {
+                fs.setattr(fs.lookup_path(path.as_bytes())?, &uext4::SetAttr { size: Some(3), ..Default::default() })
+                    .map(|_| ())
+            });
+        } else {
+            assert_write_refused(what, &img, &[], &|fs| {
+                fs.create(fs.lookup_path(b"/a/b/c/d")?, b"new", 0o644, ROOT_OWNER).map(|_| ())
+            });
+            assert_write_refused(what, &img, &[], &|fs| fs.unlink(fs.lookup_path(b"/a/b/c/d")?, b"leaf"));
+            assert_write_refused(what, &img, &[], &|fs| {
+                fs.rename(ROOT_INO, b"small", fs.lookup_path(b"/a/b/c/d")?, b"moved", 0)
+            });
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -1378,6 +1378,84 @@ fn shapes_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize, writes: &
                 }
             }
         }
+        // Inline churn (issue 19): uext4's own inline files and directories.
+        23..=34 => match rng.below(4) {
+            // A new small file in /inl, written inline, then grown past the
+            // capacity (128 bytes) or cut back.
+            0 => {
+                let inl = m.entries["/inl"].ino;
+                let name = m.new_name("c");
+                let path = m.path_in(inl, &name);
+                let ino = fs.create(inl, name.as_bytes(), 0o644, ROOT)?.ino;
+                m.touch(op, &path, Some(ino));
+                m.add(path.clone(), Entry { parent: inl, name, kind: Kind::File, ino });
+                m.set_content(ino, Vec::new());
+                let len = 1 + rng.below(128);
+                let mut content = rng.bytes(len);
+                fs.write(ino, 0, &content)?;
+                m.set_content(ino, content.clone());
+                match rng.below(3) {
+                    0 => {
+                        let len = 1 + rng.below(300);
+                        let more = rng.bytes(len);
+                        fs.write(ino, content.len() as u64, &more)?;
+                        content.extend_from_slice(&more);
+                    }
+                    1 => {
+                        let size = rng.below(content.len() + 1);
+                        fs.setattr(ino, &SetAttr { size: Some(size as u64), ..SetAttr::default() })?;
+                        content.truncate(size);
+                    }
+                    _ => {}
+                }
+                m.set_content(ino, content);
+            }
+            // A new directory at the root with 0 to 14 names: inline, grown into
+            // system.data, or moved to a block.
+            1 if m.dir_paths.len() < 40 => {
+                let name = m.new_name("cd");
+                let path = m.path_in(ROOT_INO, &name);
+                let dir = fs.mkdir(ROOT_INO, name.as_bytes(), 0o755, ROOT)?.ino;
+                m.touch(op, &path, Some(dir));
+                m.add(path, Entry { parent: ROOT_INO, name, kind: Kind::Dir, ino: dir });
+                for _ in 0..rng.below(15) {
+                    let name = m.new_name("e");
+                    let path = m.path_in(dir, &name);
+                    let ino = fs.create(dir, name.as_bytes(), 0o644, ROOT)?.ino;
+                    m.touch(op, &path, Some(ino));
+                    m.add(path, Entry { parent: dir, name, kind: Kind::File, ino });
+                    m.set_content(ino, Vec::new());
+                }
+            }
+            // Names join one of the kernel's inline directories, which fills up
+            // and moves to a block.
+            2 => {
+                let Some(d) = m.entries.get(&format!("/idir{}", rng.below(10))).cloned() else { return Ok(()) };
+                for _ in 0..6 {
+                    let name = m.new_name("j");
+                    let path = m.path_in(d.ino, &name);
+                    let ino = fs.create(d.ino, name.as_bytes(), 0o644, ROOT)?.ino;
+                    m.touch(op, &path, Some(ino));
+                    m.add(path, Entry { parent: d.ino, name, kind: Kind::File, ino });
+                    m.set_content(ino, Vec::new());
+                }
+            }
+            // Names leave a churn directory (inline or block), which may empty.
+            _ => {
+                let victims: Vec<(String, Entry)> = m
+                    .entries
+                    .iter()
+                    .filter(|(p, e)| p.starts_with("/cd") && p.matches('/').count() == 2 && e.kind == Kind::File)
+                    .take(3)
+                    .map(|(p, e)| (p.clone(), e.clone()))
+                    .collect();
+                for (path, e) in victims {
+                    m.touch(op, &path, Some(e.ino));
+                    fs.unlink(e.parent, e.name.as_bytes())?;
+                    m.remove(&path);
+                }
+            }
+        },
         _ => one_op(fs, m, rng, op, writes)?,
     }
     Ok(())
@@ -1461,6 +1539,22 @@ fn power_cuts_while_inline_data_xattr_blocks_and_directories_change_shape() {
     assert!(moved > 0, "no inline file moved to blocks");
     let idirs_moved = (0..10).filter(|d| !debugfs(&format!("stat /idir{d}")).contains("Size of inline data")).count();
     assert!(idirs_moved > 0, "no inline directory moved to a block");
+    // uext4's own directories: some still inline, some moved to a block.
+    let churn: Vec<&String> =
+        m.entries.iter().filter(|(p, e)| p.starts_with("/cd") && e.kind == Kind::Dir).map(|(p, _)| p).collect();
+    let churn_inline = churn.iter().filter(|p| debugfs(&format!("stat {p}")).contains("Size of inline data")).count();
+    assert!(
+        0 < churn_inline && churn_inline < churn.len(),
+        "{churn_inline} of {} churn directories inline",
+        churn.len()
+    );
+    let small_inline = m
+        .entries
+        .iter()
+        .filter(|(p, _)| p.starts_with("/inl/c"))
+        .filter(|(p, _)| debugfs(&format!("stat {p}")).contains("Size of inline data"))
+        .count();
+    assert!(small_inline > 0, "uext4 made no inline file");
     let acl_blocks: std::collections::BTreeSet<String> = (0..SHARED_XATTR_FILES)
         .filter(|i| m.entries.contains_key(&format!("/xa/x{i}")))
         .filter_map(|i| {

@@ -35,8 +35,10 @@ impl Filesystem {
         ino: u32,
         file_type: u8,
     ) -> Result<Inode> {
-        if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Err(Error::unsupported("changing inline directories (not yet written)"));
+        if dir_inode.has_flag(EXT4_INLINE_DATA_FL)
+            && self.add_entry_inline_first(tx, dir, &mut dir_inode, name, ino, file_type)?
+        {
+            return Ok(dir_inode);
         }
         if self.is_indexed(&dir_inode) {
             return self.dx_add_entry(tx, dir, dir_inode, name, ino, file_type);
@@ -181,7 +183,10 @@ impl Filesystem {
     /// Removes `name` from `dir`; returns the inode it named.
     pub(crate) fn remove_entry(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u32> {
         if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Err(Error::unsupported("changing inline directories (not yet written)"));
+            let mut changed = dir_inode.clone();
+            let ino = self.inline_remove_entry(dir, &mut changed, name)?;
+            self.write_inode(tx, dir, &changed)?;
+            return Ok(ino);
         }
         // An indexed directory names the one leaf to look in; a linear one, all blocks.
         let blocks: Vec<u64> = if self.is_indexed(dir_inode) {
@@ -247,7 +252,9 @@ impl Filesystem {
         file_type: u8,
     ) -> Result<()> {
         if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Err(Error::unsupported("changing inline directories (not yet written)"));
+            let mut changed = dir_inode.clone();
+            self.inline_retarget_entry(dir, &mut changed, name, ino, file_type)?;
+            return self.write_inode(tx, dir, &changed);
         }
         let blocks: Vec<u64> = if self.is_indexed(dir_inode) {
             self.htree_lookup(dir, dir_inode, name)?.map(|(_, leaf)| vec![leaf]).unwrap_or_default()
@@ -289,10 +296,11 @@ impl Filesystem {
     }
 
     /// Rewrites a directory's ".." to `parent` (block 0, offset 12, in linear and
-    /// indexed directories alike).
-    pub(crate) fn set_dotdot(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, parent: u32) -> Result<()> {
+    /// indexed directories alike; in an inline directory, the parent number at the
+    /// start of i_block, changed in `dir_inode`, which the caller writes).
+    pub(crate) fn set_dotdot(&self, tx: &mut Handle, dir: u32, dir_inode: &mut Inode, parent: u32) -> Result<()> {
         if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Err(Error::unsupported("changing inline directories (not yet written)"));
+            return self.inline_set_parent(dir, dir_inode, parent);
         }
         let buf = self.dir_block(dir, dir_inode, 0)?;
         {

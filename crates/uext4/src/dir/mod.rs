@@ -181,7 +181,7 @@ impl Filesystem {
     }
 
     fn read_inline_dir(&self, ino: u32, inode: &Inode) -> Result<Vec<DirEntryOwned>> {
-        let data = self.inline_data(ino, inode)?;
+        let data = self.inline_dir_bytes(ino, inode)?;
         let parent = le32(&data, 0);
         let mut out = vec![
             DirEntryOwned { ino, file_type: EXT4_FT_DIR, name: b".".to_vec() },

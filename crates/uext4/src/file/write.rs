@@ -47,6 +47,17 @@ impl Filesystem {
         }
         let data = &data[..data.len().min((max - offset).min(usize::MAX as u64) as usize)];
         let mut tx = self.begin(16)?;
+        let mut inode = (*self.inode(ino)?).clone();
+        if self.write_inline(ino, &mut inode, offset, data)? {
+            // Kept in the inode (inline/file.rs).
+            let t = now();
+            inode.i_mtime = t;
+            inode.i_ctime = t;
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
+            return Ok(data.len());
+        }
+        // Past the inline capacity: moved to a block in this same handle.
         self.uninline(&mut tx, ino)?;
         let mut inode = (*self.inode(ino)?).clone();
         let mut done = 0usize;

@@ -146,8 +146,8 @@ impl Filesystem {
     /// Adds `name` → `ino` to `dir` and applies `attrs` to the directory inode.
     /// With `parallel` (the caller holds `dir` shared and the name's slot), into
     /// its leaf under the structure read lock when the leaf has room; otherwise,
-    /// and on a full leaf, under the write lock (moving an inline directory to a
-    /// block first).
+    /// and on a full leaf, under the write lock (an inline directory takes the name
+    /// in place, or moves to a block when full: inline/dir.rs).
     ///
     /// # Errors
     /// What the directory code gives; a full leaf is not an error.
@@ -169,7 +169,6 @@ impl Filesystem {
             }
         }
         let _write = self.dir_structure.write(dir as u64);
-        self.uninline(tx, dir)?;
         let inode = self.inode(dir)?;
         let grown = self.add_entry(tx, dir, (*inode).clone(), name, ino, file_type)?;
         // Written before the write hold ends: readers map blocks through it.

@@ -173,11 +173,8 @@ impl Filesystem {
             drop(held);
             dst_mode = Mode::Exclusive;
         };
-        // Inline directories become block directories before their entries
-        // change (a no-op on the parents held shared: those are indexed).
-        for ino in [src_dir, dst_dir].into_iter().chain(moved.iter().copied()) {
-            self.uninline(&mut tx, ino)?;
-        }
+        // Inline directories change in place (inline/dir.rs); one that fills up
+        // moves to a block inside add_entry.
         // Link count changes of each parent, applied under its attribute lock.
         let mut links: Vec<(u32, i32)> = vec![(src_dir, 0)];
         if cross {
@@ -203,7 +200,7 @@ impl Filesystem {
             self.retarget_entry(&mut tx, dst_dir, &*self.inode(dst_dir)?, dst_name, src, src_ft)?;
             if cross {
                 if src_is_dir {
-                    self.set_dotdot(&mut tx, src, &src_inode, dst_dir)?;
+                    self.set_dotdot(&mut tx, src, &mut src_inode, dst_dir)?;
                 }
                 if dst_is_dir {
                     self.set_dotdot(&mut tx, d, d_inode, src_dir)?;
@@ -242,7 +239,7 @@ impl Filesystem {
             }
             self.remove_entry(&mut tx, src_dir, &*self.inode(src_dir)?, src_name)?;
             if cross && src_is_dir {
-                self.set_dotdot(&mut tx, src, &src_inode, dst_dir)?;
+                self.set_dotdot(&mut tx, src, &mut src_inode, dst_dir)?;
                 link(src_dir, -1);
                 link(dst_dir, 1);
             }
