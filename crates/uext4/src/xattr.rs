@@ -4,7 +4,9 @@
 
 use crate::error::{Error, Result};
 use crate::format::acl;
-use crate::format::xattr::{self, INDEX_POSIX_ACL_ACCESS, INDEX_POSIX_ACL_DEFAULT, INDEX_SYSTEM};
+use crate::format::xattr::{
+    self, INDEX_POSIX_ACL_ACCESS, INDEX_POSIX_ACL_DEFAULT, INDEX_SECURITY, INDEX_SYSTEM, INDEX_TRUSTED, INDEX_USER,
+};
 use crate::fs::Filesystem;
 
 /// An attribute as stored on disk.
@@ -79,7 +81,35 @@ impl Filesystem {
     /// `NotFound` (ENODATA) when the attribute is absent; `OutOfRange` for a name over 255 bytes;
     /// `Unsupported` for an unknown namespace; `Corrupt` for a damaged attribute area.
     pub fn get_xattr(&self, ino: u32, name: &[u8]) -> Result<Option<Vec<u8>>> {
+        settable_name(name)?;
         Ok(self.xattrs(ino)?.into_iter().find(|(n, _)| n == name).map(|(_, v)| v))
+    }
+}
+
+/// Splits a name user space passes to get/set/removexattr into (index, suffix),
+/// accepting only what the kernel's ext4 xattr handlers accept: `user.`,
+/// `trusted.` and `security.` with a non-empty suffix, and the two POSIX ACL
+/// names exactly. Everything else under `system.` — above all `system.data`,
+/// which holds inline data and must change only with the inode's contents —
+/// has no handler, so the kernel answers EOPNOTSUPP, as this does.
+///
+/// # Errors
+/// `Unsupported` for a namespace without a handler; `Invalid` for a bare prefix
+/// (`user.`); `OutOfRange` for a name over 255 bytes.
+fn settable_name(name: &[u8]) -> Result<(u8, &[u8])> {
+    let shown = || String::from_utf8_lossy(name).into_owned();
+    let (index, suffix) =
+        xattr::split_name(name).ok_or_else(|| Error::unsupported(format!("xattr namespace of {}", shown())))?;
+    if name.len() > 255 {
+        return Err(Error::OutOfRange(format!("xattr name of {} bytes is longer than 255", name.len())));
+    }
+    match index {
+        INDEX_USER | INDEX_TRUSTED | INDEX_SECURITY if suffix.is_empty() => {
+            Err(Error::Invalid(format!("xattr name {} has no name after its prefix", shown())))
+        }
+        INDEX_USER | INDEX_TRUSTED | INDEX_SECURITY => Ok((index, suffix)),
+        INDEX_POSIX_ACL_ACCESS | INDEX_POSIX_ACL_DEFAULT if suffix.is_empty() => Ok((index, suffix)),
+        _ => Err(Error::unsupported(format!("xattr {}: no handler for it (the kernel's EOPNOTSUPP)", shown()))),
     }
 }
 
@@ -151,24 +181,7 @@ impl Filesystem {
     /// over 255 bytes; `NoSpace` when it fits neither the inode nor a block; `Unsupported` for an
     /// unknown namespace; `ReadOnly`; `Corrupt`.
     pub fn set_xattr(&self, ino: u32, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
-        let (index, suffix) = xattr::split_name(name)
-            .ok_or_else(|| Error::unsupported(format!("xattr namespace of {}", String::from_utf8_lossy(name))))?;
-        if name.len() > 255 || suffix.len() > 255 {
-            return Err(Error::OutOfRange(format!("xattr name of {} bytes is longer than 255", name.len())));
-        }
-        if index == INDEX_POSIX_ACL_ACCESS {
-            // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one
-            // that says no more than a mode is not stored at all.
-            let (bits, equivalent) = acl::implied_mode(value).map_err(Error::Invalid)?;
-            let perm = (self.stat(ino)?.perm & !0o777) | bits;
-            self.setattr(ino, &crate::ns::change::SetAttr { perm: Some(perm), ..Default::default() })?;
-            if equivalent {
-                return match self.remove_xattr(ino, name) {
-                    Err(Error::NotFound(_)) => Ok(()),
-                    other => other,
-                };
-            }
-        }
+        let (index, suffix) = settable_name(name)?;
         if index == INDEX_POSIX_ACL_ACCESS {
             // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one
             // that says no more than a mode is not stored at all.
@@ -204,8 +217,7 @@ impl Filesystem {
     /// # Errors
     /// `NotFound` (ENODATA) when the attribute is absent; `ReadOnly`; `Corrupt`.
     pub fn remove_xattr(&self, ino: u32, name: &[u8]) -> Result<()> {
-        let (index, suffix) =
-            xattr::split_name(name).ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let (index, suffix) = settable_name(name)?;
         self.change_xattrs(ino, &mut |attrs| {
             let at = attrs.iter().position(|a| a.index == index && a.suffix == suffix);
             match at {

@@ -889,3 +889,87 @@ fn concurrent_changes_of_inline_directories_and_files() {
     drop(fs);
     oracle::assert_e2fsck_clean(&image);
 }
+
+/// errno of a host xattr call on `path` (0 when it succeeds): `op` is 's' set,
+/// 'g' get, 'r' remove.
+fn host_xattr_errno(path: &std::path::Path, name: &[u8], op: char) -> i32 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = [0u8; 256];
+    // SAFETY: both strings are NUL-terminated; the buffer is valid for its length.
+    let rc = unsafe {
+        match op {
+            's' => libc::lsetxattr(c.as_ptr(), n.as_ptr(), b"x".as_ptr() as *const libc::c_void, 1, 0) as isize,
+            'g' => libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()),
+            _ => libc::lremovexattr(c.as_ptr(), n.as_ptr()) as isize,
+        }
+    };
+    if rc < 0 {
+        std::io::Error::last_os_error().raw_os_error().unwrap()
+    } else {
+        0
+    }
+}
+
+/// `system.data` holds an inline inode's bytes, and only changes to the inode's
+/// contents may touch it: the kernel has no xattr handler for it, nor for any
+/// `system.` name but the two POSIX ACLs, and answers EOPNOTSUPP to get, set and
+/// remove. uext4 answers as the kernel does, name by name, and the inline file and
+/// directory stay whole (before, a set or remove went through and e2fsck aborted).
+#[test]
+fn reserved_system_names_are_refused_as_the_kernel_refuses_them() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let names: [&[u8]; 6] =
+        [b"system.data", b"system.foo", b"system.richacl", b"system.posix_acl_accessX", b"user.", b"nonamespace"];
+    let dir = tempfile::tempdir().unwrap();
+    let image = fresh_image(dir.path(), "reserved.img", 4096, 256);
+    let mut kernel = Vec::new();
+    {
+        let m = oracle::Mount::new(&image, "");
+        std::fs::write(m.dir.join("f"), b"inline bytes").unwrap();
+        std::fs::create_dir(m.dir.join("d")).unwrap();
+        for path in [m.dir.join("f"), m.dir.join("d")] {
+            for name in names {
+                for op in ['s', 'g', 'r'] {
+                    kernel.push((name, op, host_xattr_errno(&path, name, op)));
+                }
+            }
+        }
+        m.unmount();
+    }
+    assert!(kernel.iter().any(|&(name, _, e)| name == b"system.data" && e == libc::EOPNOTSUPP), "{kernel:?}");
+    {
+        let fs = writable(&image);
+        let mut ours = Vec::new();
+        for path in [&b"/f"[..], b"/d"] {
+            let ino = fs.lookup_path(path).unwrap();
+            for name in names {
+                for op in ['s', 'g', 'r'] {
+                    let result = match op {
+                        's' => fs.set_xattr(ino, name, b"x", 0),
+                        'g' => fs.get_xattr(ino, name).map(drop),
+                        _ => fs.remove_xattr(ino, name),
+                    };
+                    let errno = match result {
+                        Ok(()) => 0,
+                        // get_xattr says "absent" as Ok(None); remove as NotFound.
+                        Err(uext4::Error::NotFound(_)) => libc::ENODATA,
+                        Err(e) => e.errno(),
+                    };
+                    ours.push((name, op, errno));
+                }
+            }
+        }
+        assert_eq!(ours, kernel, "(name, operation, errno) for the file, then the directory");
+        let f = fs.lookup_path(b"/f").unwrap();
+        assert_ne!(fs.stat(f).unwrap().flags & EXT4_INLINE_DATA_FL, 0);
+        let mut buf = [0u8; 64];
+        let n = fs.read(f, 0, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"inline bytes");
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+}

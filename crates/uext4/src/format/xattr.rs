@@ -26,8 +26,11 @@ pub const NAME_PREFIXES: &[(u8, &str)] = &[
     (8, "system.richacl"),
 ];
 
+pub const INDEX_USER: u8 = 1;
 pub const INDEX_POSIX_ACL_ACCESS: u8 = 2;
 pub const INDEX_POSIX_ACL_DEFAULT: u8 = 3;
+pub const INDEX_TRUSTED: u8 = 4;
+pub const INDEX_SECURITY: u8 = 6;
 pub const INDEX_SYSTEM: u8 = 7;
 
 /// An entry with its value.
