@@ -139,17 +139,32 @@ pub struct RmArgs {
     targets: Vec<Target>,
 }
 
+/// Trees with more names than this show progress on a terminal.
+const PROGRESS_NAMES: u64 = 2_000;
+
+/// Removes `name` and everything below it through the library's
+/// `remove_tree` (in inode order; see ns/remove_tree.rs), with a count of
+/// names removed on stderr when it is a terminal and the tree is big.
 fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8]) -> uext4::Result<()> {
-    let ino = fs.lookup(parent, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
-    if fs.stat(ino)?.file_type != FileType::Directory {
-        return fs.unlink(parent, name);
-    }
-    for e in fs.read_dir(ino)? {
-        if e.name != b"." && e.name != b".." {
-            remove_tree(fs, ino, &e.name)?;
+    use std::io::{IsTerminal, Write};
+    use std::time::{Duration, Instant};
+    let mut last = std::io::stderr().is_terminal().then(Instant::now);
+    let mut shown = false;
+    let removed = fs.remove_tree_with_progress(parent, name, &mut |r| {
+        if let Some(last) = last.as_mut() {
+            if r.names > PROGRESS_NAMES && last.elapsed() > Duration::from_millis(100) {
+                eprint!("\r{} names removed ({} directories)", r.names, r.directories);
+                let _ = std::io::stderr().flush();
+                *last = Instant::now();
+                shown = true;
+            }
         }
+        std::ops::ControlFlow::Continue(())
+    })?;
+    if shown {
+        eprintln!("\r{} names removed ({} directories)", removed.names, removed.directories);
     }
-    fs.rmdir(parent, name)
+    Ok(())
 }
 
 pub fn rm(a: RmArgs) -> CliResult<()> {
