@@ -208,7 +208,8 @@ fn a_kernel_made_tree_of_every_shape_goes_and_leaves_exactly_the_rest() {
         return;
     }
     // 40 MiB: more than STEP_BLOCKS (4,096 blocks of 4 KiB), released in steps.
-    remove_kernel_tree(&["-b", "4096", "-I", "256", "-N", "65536"], "512M", names(), 40 << 20, 2000);
+    let inodes = (names() + 16_384).to_string();
+    remove_kernel_tree(&["-b", "4096", "-I", "256", "-N", &inodes], "512M", names(), 40 << 20, 2000);
 }
 
 #[test]
