@@ -33,6 +33,8 @@
 //!   (which then finds it not empty and the directory gets another pass) or
 //!   fails with ENOENT (`require_live_dir`); lookups see each name removed
 //!   whole, as with unlink.
+//! - I/O: on an inode-table miss the aligned 32-block run around the block is
+//!   read in one request (`read_ahead_inode`), as the batch will use it whole.
 //! - Hard links: an inode with names elsewhere only loses a link; shared
 //!   xattr blocks lose one reference per inode freed (`release_inode`).
 
@@ -278,6 +280,10 @@ impl Filesystem {
     ) -> Result<Vec<(u32, Vec<u8>)>> {
         let mut subdirs = Vec::new();
         let mut big = Vec::new();
+        // Inode-table blocks in runs, before any lock: the batch is in inode order.
+        for e in batch {
+            self.read_ahead_inode(e.ino);
+        }
         {
             let keys: Vec<(u32, &[u8])> = batch.iter().map(|e| (dir, e.name.as_slice())).collect();
             let names = self.lock_names(&keys)?;
