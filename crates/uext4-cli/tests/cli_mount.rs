@@ -837,7 +837,8 @@ fn rm_r_inside_a_mount_runs_remove_tree_in_the_daemon() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(fs::read(m.dir.join("outside")).unwrap(), b"kept");
-    // Its link count the kernel may trust for up to 1 s more.
+    // Its attributes dropped by the daemon too (or, at the latest, once the
+    // kernel's 1 s of trust runs out).
     while fs::metadata(m.dir.join("outside")).unwrap().nlink() != 1 {
         assert!(Instant::now() < deadline, "outside keeps its link from the removed tree");
         std::thread::sleep(Duration::from_millis(20));

@@ -1519,14 +1519,14 @@ fn power_cuts_while_inline_data_xattr_blocks_and_directories_change_shape() {
 // same kind and content); a second remove_tree then finishes it, leaving the
 // free block and inode counts of before the tree existed.
 //
-// UEXT4_CRASH_RMTREE_CUTS=N sets the cuts (default 50, about a minute: each
+// UEXT4_CRASH_RMTREE_CUTS=N sets the cuts (default 40, about a minute: each
 // cut runs, recovers, walks, checks and removes again a 20,000-entry tree; the
 // issue's figure is 500): four in five power cuts spread over the removal's
-// writes (about 70 with its 4 MiB cache, so more asked than that repeat
-// none), one in five torn multi-block writes. e2fsck also judges the finished
+// writes (about 70 with its 4 MiB cache: asking for more adds no new power
+// cuts, only tears), one in five torn multi-block writes. e2fsck also judges the finished
 // image of every third cut.
 
-const RMTREE_CUTS_DEFAULT: usize = 50;
+const RMTREE_CUTS_DEFAULT: usize = 40;
 
 fn rmtree_options() -> Options {
     // A small cache: the removal commits many transactions, so cuts fall

@@ -233,19 +233,23 @@ impl Uext4Fuse {
 
     /// Tells the kernel, from a thread of its own once the current request is
     /// answered, to drop its dentry for `name` in `parent` (and all below it)
-    /// and the parent's attributes (its link count and times changed).
-    fn forget_entry_later(&self, parent: u32, name: &[u8]) {
+    /// and the attributes of the parent (its link count and times changed)
+    /// and of the `stale` inodes (a link fewer).
+    fn forget_entry_later(&self, parent: u32, name: &[u8], stale: Vec<u32>) {
         let Some(dev) = self.notify.get() else { return };
         let dev = match dev.duplicate() {
             Ok(dev) => dev,
             Err(e) => return self.log(&format!("remove_tree: no descriptor to invalidate entries: {e}")),
         };
         let entry = abi::inval_entry_notification(node_id(parent), name);
-        let attrs = abi::inval_inode_notification(node_id(parent));
+        let attrs: Vec<_> =
+            std::iter::once(parent).chain(stale).map(|ino| abi::inval_inode_notification(node_id(ino))).collect();
         let spawned = std::thread::Builder::new().name("uext4-notify".into()).spawn(move || {
             // ENOENT: the kernel had nothing cached; nothing to drop.
             let _ = dev.send(&[IoSlice::new(&entry)]);
-            let _ = dev.send(&[IoSlice::new(&attrs)]);
+            for note in &attrs {
+                let _ = dev.send(&[IoSlice::new(note)]);
+            }
         });
         if let Err(e) = spawned {
             self.log(&format!("remove_tree: cannot start the thread invalidating entries: {e}"));
@@ -785,9 +789,17 @@ impl Uext4Fuse {
             return Self::done(result);
         }
         if name == REMOVE_TREE_XATTR.as_bytes() {
-            let result = self.fs.remove_tree(ino, value);
+            // Inodes the kernel holds that lost a link and live on (a hard link
+            // from outside the tree): their cached link counts are stale.
+            let mut stale = Vec::new();
+            let result =
+                self.fs.remove_tree_with(ino, value, &mut |_| std::ops::ControlFlow::Continue(()), &mut |kept| {
+                    if self.lookups.lock().contains_key(&kept) {
+                        stale.push(kept);
+                    }
+                });
             match &result {
-                Ok(_) => self.forget_entry_later(ino, value),
+                Ok(_) => self.forget_entry_later(ino, value, stale),
                 Err(e) => self.log(&format!("remove_tree: {e}")),
             }
             return Self::done(result.map(|_| ()));

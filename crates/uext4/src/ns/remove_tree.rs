@@ -110,6 +110,22 @@ impl Filesystem {
         name: &[u8],
         progress: &mut dyn FnMut(&RemovedTree) -> ControlFlow<()>,
     ) -> Result<RemovedTree> {
+        self.remove_tree_with(parent, name, progress, &mut |_| {})
+    }
+
+    /// `remove_tree_with_progress`, also calling `kept_links` with every
+    /// inode that lost a link but keeps others (a hard link from outside the
+    /// tree): a FUSE server tells the kernel its cached link count is stale.
+    ///
+    /// # Errors
+    /// As [`Filesystem::remove_tree_with_progress`].
+    pub fn remove_tree_with(
+        &self,
+        parent: u32,
+        name: &[u8],
+        progress: &mut dyn FnMut(&RemovedTree) -> ControlFlow<()>,
+        kept_links: &mut dyn FnMut(u32),
+    ) -> Result<RemovedTree> {
         let mut stats = RemovedTree::default();
         let mut report = |stats: &RemovedTree| match progress(stats) {
             ControlFlow::Continue(()) => Ok(()),
@@ -129,6 +145,9 @@ impl Filesystem {
         if !top_inode.is_dir() {
             let last = top_inode.i_links_count <= 1;
             self.remove_name(parent, name, false, Some(top))?;
+            if !last {
+                kept_links(top);
+            }
             stats.names = 1;
             stats.inodes_released = last as u64;
             report(&stats)?;
@@ -220,7 +239,7 @@ impl Filesystem {
                     }
                 }
                 if !others.is_empty() {
-                    subdirs.extend(self.remove_names_batch(dir, &others, &mut stats)?);
+                    subdirs.extend(self.remove_names_batch(dir, &others, &mut stats, kept_links)?);
                     report(&stats)?;
                 }
             }
@@ -277,9 +296,13 @@ impl Filesystem {
         dir: u32,
         batch: &[DirEntryOwned],
         stats: &mut RemovedTree,
+        kept_links: &mut dyn FnMut(u32),
     ) -> Result<Vec<(u32, Vec<u8>)>> {
         let mut subdirs = Vec::new();
         let mut big = Vec::new();
+        // Told to `kept_links` once the locks are dropped: a caller may take
+        // its own locks there, and call the library under them.
+        let mut kept = Vec::new();
         // Inode-table blocks in runs, before any lock: the batch is in inode order.
         for e in batch {
             self.read_ahead_inode(e.ino);
@@ -362,7 +385,11 @@ impl Filesystem {
             }
             tx.finish()?;
             stats.names += doomed.len() as u64;
+            kept.extend(
+                inodes.iter().filter(|(ino, i)| drops.contains_key(ino) && i.i_links_count > 0).map(|(&ino, _)| ino),
+            );
         }
+        kept.into_iter().for_each(&mut *kept_links);
         for ino in big {
             self.release_in_steps(ino)?;
         }
