@@ -30,10 +30,11 @@ pub trait FsOps: Send + Sync {
     /// The same, each name with its inode number (readdir's d_ino).
     fn read_dir_inodes(&self, path: &str) -> io::Result<Vec<(String, u64)>>;
     /// Removes the directory `path` and everything below it, as the target
-    /// does it best: GNU `rm -rf` on a mounted path (which sorts a large
-    /// directory's entries by inode number before unlinking them), and for the
-    /// library its own tree removal. Returns how many names it removed, as far
-    /// as the target counts them (GNU rm does not say: 0).
+    /// does it best: for the library `Filesystem::remove_tree`, on uext4's
+    /// mount `uext4 rm -r` (the daemon runs it), elsewhere GNU `rm -rf` (which
+    /// sorts a large directory's entries by inode number before unlinking them).
+    /// Returns how many names it removed, as far as the target counts them (the
+    /// programs do not say: 0).
     fn remove_tree(&self, path: &str) -> io::Result<u64>;
     /// Whether `path` is a directory (lstat).
     fn is_dir(&self, path: &str) -> io::Result<bool>;
@@ -139,14 +140,10 @@ impl FsOps for Uext4Ops {
     }
 
     fn remove_tree(&self, path: &str) -> io::Result<u64> {
-        // LEAD: replace with Filesystem::remove_tree (issue 18), e.g.
-        //     let (parent, name) = self.parent_and_name(path)?;
-        //     self.fs.remove_tree(parent, name.as_bytes()).map_err(to_io)
-        // Until it exists the library removes the tree by the generic walk:
-        // readdir order, one unlink after another, the directory last.
-        let removed = crate::workload::remove_tree(self, path)?;
-        self.rmdir(path)?;
-        Ok(removed + 1)
+        // The library's own removal in inode order (ns/remove_tree.rs, seed 003).
+        let (parent, name) = self.parent_and_name(path)?;
+        let removed = self.fs.remove_tree(parent, name.as_bytes()).map_err(to_io)?;
+        Ok(removed.names)
     }
 
     fn is_dir(&self, path: &str) -> io::Result<bool> {
@@ -211,6 +208,10 @@ pub struct PosixOps {
     pub root: PathBuf,
     /// A FUSE daemon may ignore syncfs (fuse2fs does); fsync of a file reaches it.
     pub sync_through_file: bool,
+    /// On uext4's own mount, the `uext4` binary: `remove_tree` then runs
+    /// `uext4 rm -r MOUNTPOINT/path`, which has the daemon remove the tree in
+    /// inode order (issue 18), in place of GNU `rm -rf`.
+    pub uext4_rm: Option<PathBuf>,
 }
 
 impl PosixOps {
@@ -266,9 +267,17 @@ impl FsOps for PosixOps {
     }
 
     fn remove_tree(&self, path: &str) -> io::Result<u64> {
-        let status = std::process::Command::new("rm").arg("-rf").arg("--").arg(self.at(path)).status()?;
+        let mut rm = match &self.uext4_rm {
+            Some(uext4) => {
+                let mut c = std::process::Command::new(uext4);
+                c.arg("rm");
+                c
+            }
+            None => std::process::Command::new("rm"),
+        };
+        let status = rm.arg("-rf").arg("--").arg(self.at(path)).status()?;
         if !status.success() {
-            return Err(io::Error::other(format!("rm -rf {path}: {status}")));
+            return Err(io::Error::other(format!("{rm:?}: {status}")));
         }
         if self.at(path).exists() {
             return Err(io::Error::other(format!("rm -rf {path} left it in place")));

@@ -8,8 +8,10 @@
 //!   directory, which jumps about the inode table);
 //! - `inode-order`: the seed's `rm_all`: take the entries in chunks of 50,000,
 //!   sort each chunk by inode number, unlink it;
-//! - `remove_tree`: `FsOps::remove_tree` (GNU `rm -rf` on a mount, which sorts
-//!   large directories by inode; the library's own tree removal);
+//! - `remove_tree`: `FsOps::remove_tree`: the library's `Filesystem::remove_tree`
+//!   (inode order, seed 003's option 3); on uext4's mounts `uext4 rm -r`, which
+//!   has the daemon run it; on the kernel and fuse2fs GNU `rm -rf`, which sorts
+//!   large directories by inode;
 //! - `hash-goal-readdir-order`: readdir-order deletion of a directory made
 //!   with `hash_goal=on` (uext4's library only: the target is reopened with it).
 //!

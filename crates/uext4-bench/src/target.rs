@@ -429,7 +429,7 @@ impl KernelSession {
         };
         let mut session = KernelSession {
             image: image.to_path_buf(),
-            ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: false },
+            ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: false, uext4_rm: None },
             mounted: false,
             trace,
             loop_stat: None,
@@ -573,6 +573,8 @@ struct DaemonSession {
 
 impl DaemonSession {
     fn start(name: &'static str, argv: Vec<OsString>, mountpoint: &Path) -> Result<DaemonSession, BenchError> {
+        let uext4_rm = (Some(argv[0].as_os_str()) == uext4_binary().as_ref().map(|p| p.as_os_str()))
+            .then(|| PathBuf::from(&argv[0]));
         let daemon = Command::new(&argv[0])
             .args(&argv[1..])
             .stdout(Stdio::null())
@@ -583,7 +585,7 @@ impl DaemonSession {
             name,
             argv,
             // syncfs does not reach a FUSE daemon; an fsync of a file does.
-            ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: true },
+            ops: PosixOps { root: mountpoint.to_path_buf(), sync_through_file: true, uext4_rm },
             daemon: Some(daemon),
         };
         let up = wait_until(&format!("{name} to mount"), Duration::from_secs(20), || {

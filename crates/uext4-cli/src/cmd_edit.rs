@@ -13,6 +13,7 @@
 
 use crate::show::{escape, CliResult, Context, Failure};
 use crate::target::{check_then_apply, dir_behind, follow, parse_target, resolve, Last, Pass, Target};
+use std::path::Path;
 use uext4::{Error, FileType, Filesystem, Owner, SetAttr};
 
 /// New inodes belong to whoever runs the command, as with the host's tools.
@@ -134,25 +135,90 @@ pub struct RmArgs {
     /// Ignore paths that do not exist
     #[arg(short = 'f')]
     force: bool,
-    /// IMAGE:/path...
+    /// IMAGE:/path... (or paths inside a uext4 mount)
     #[arg(required = true, value_parser = parse_target)]
     targets: Vec<Target>,
 }
 
+/// Trees with more names than this show progress on a terminal.
+const PROGRESS_NAMES: u64 = 2_000;
+
+/// Removes `name` and everything below it through the library's
+/// `remove_tree` (in inode order; see ns/remove_tree.rs), with a count of
+/// names removed on stderr when it is a terminal and the tree is big.
 fn remove_tree(fs: &Filesystem, parent: u32, name: &[u8]) -> uext4::Result<()> {
-    let ino = fs.lookup(parent, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
-    if fs.stat(ino)?.file_type != FileType::Directory {
-        return fs.unlink(parent, name);
-    }
-    for e in fs.read_dir(ino)? {
-        if e.name != b"." && e.name != b".." {
-            remove_tree(fs, ino, &e.name)?;
+    use std::io::{IsTerminal, Write};
+    use std::time::{Duration, Instant};
+    let mut last = std::io::stderr().is_terminal().then(Instant::now);
+    let mut shown = false;
+    let removed = fs.remove_tree_with_progress(parent, name, &mut |r| {
+        if let Some(last) = last.as_mut() {
+            if r.names > PROGRESS_NAMES && last.elapsed() > Duration::from_millis(100) {
+                eprint!("\r{} names removed ({} directories)", r.names, r.directories);
+                let _ = std::io::stderr().flush();
+                *last = Instant::now();
+                shown = true;
+            }
         }
+        std::ops::ControlFlow::Continue(())
+    })?;
+    if shown {
+        eprintln!("\r{} names removed ({} directories)", removed.names, removed.directories);
     }
-    fs.rmdir(parent, name)
+    Ok(())
+}
+
+/// `rm` of a host path inside a uext4 mount (an operand without `IMAGE:`):
+/// the mount's daemon removes it with remove_tree. GNU rm's refusals and
+/// messages; the root of the mount is refused as --preserve-root does.
+fn rm_in_mount(path: &Path, mountpoint: &Path, a: &RmArgs) -> CliResult<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let shown = format!("'{}'", path.display());
+    let cannot = format!("rm: cannot remove {shown}");
+    // The last component as written (Path would read "d/." as "d").
+    let bytes = path.as_os_str().as_bytes();
+    let trimmed = &bytes[..bytes.iter().rposition(|&c| c != b'/').map_or(0, |i| i + 1)];
+    let (parent, name) = match trimmed.iter().rposition(|&c| c == b'/') {
+        Some(i) => (&trimmed[..i.max(1)], &trimmed[i + 1..]),
+        None => (&b"."[..], trimmed),
+    };
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(Failure::refused(format!("rm: refusing to remove '.' or '..' directory: {shown}")));
+    }
+    let md = match std::fs::symlink_metadata(path) {
+        Ok(md) => md,
+        Err(e) if a.force && e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Failure::about(&cannot, &Error::Io(e))),
+    };
+    if md.is_dir() && std::fs::canonicalize(path).ok().as_deref() == Some(mountpoint) {
+        return Err(Failure::refused(format!(
+            "rm: it is dangerous to operate on {shown}, the mount's root: refusing, as --preserve-root does"
+        )));
+    }
+    if md.is_dir() && !a.recursive {
+        return Err(Failure::about(&cannot, &Error::IsADirectory(String::new())));
+    }
+    let parent = Path::new(std::ffi::OsStr::from_bytes(parent));
+    crate::cmd_mount::remove_tree_in_mount(parent, name).map_err(|e| Failure::about(&cannot, &Error::Io(e)))
 }
 
 pub fn rm(a: RmArgs) -> CliResult<()> {
+    // Operands naming a path inside a uext4 mount (no IMAGE: part) go to its daemon.
+    let mut in_mounts = Vec::new();
+    let mut on_images = Vec::new();
+    for t in &a.targets {
+        match (t.path == b"/").then(|| crate::cmd_mount::uext4_mount_holding(&t.image)).flatten() {
+            Some(mountpoint) => in_mounts.push((t, mountpoint)),
+            None => on_images.push(t.clone()),
+        }
+    }
+    for (t, mountpoint) in &in_mounts {
+        rm_in_mount(&t.image, mountpoint, &a)?;
+    }
+    if on_images.is_empty() {
+        return Ok(());
+    }
+    let a = RmArgs { targets: on_images, ..a };
     check_then_apply("rm", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
         let cannot = |t: &Target| format!("rm: cannot remove {}", t.quoted());
         // Every operand is judged first: a refusal leaves the image as it was.

@@ -701,6 +701,34 @@ fn mounted_image(mountpoint: &Path) -> Result<PathBuf> {
     Err(Error::NotFound(format!("{} is not a uext4 mount", mountpoint.display())))
 }
 
+/// The uext4 mount holding host path `path` (its deepest mount point above
+/// the path's parent, from mountinfo), if that mount is one of uext4's.
+pub(crate) fn uext4_mount_holding(path: &Path) -> Option<PathBuf> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let parent = std::fs::canonicalize(parent).ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(PathBuf, bool)> = None;
+    for line in info.lines() {
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let Some(at) = left.split(' ').nth(4).map(unescape) else { continue };
+        let at = PathBuf::from(std::ffi::OsStr::from_bytes(&at));
+        if parent.starts_with(&at) && best.as_ref().is_none_or(|(b, _)| at.as_os_str().len() >= b.as_os_str().len()) {
+            best = Some((at, right.split(' ').next() == Some("fuse.uext4")));
+        }
+    }
+    best.and_then(|(at, ours)| ours.then_some(at))
+}
+
+/// Asks the uext4 mount holding `parent` to remove `name` there and everything
+/// below it (the daemon runs the library's remove_tree and drops the kernel's
+/// cached names): the name written to the directory's `REMOVE_TREE_XATTR`.
+pub(crate) fn remove_tree_in_mount(parent: &Path, name: &[u8]) -> std::io::Result<()> {
+    set_xattr(parent, crate::fuse::REMOVE_TREE_XATTR, name)
+}
+
 /// Whether the uext4 mount at `mountpoint` is read-only (mountinfo's per-mount options).
 fn mounted_read_only(mountpoint: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };

@@ -77,3 +77,75 @@ fn editing_commands() {
     Command::new("umount").arg(&mnt).status().unwrap();
     result.unwrap();
 }
+
+/// `rm -r IMAGE:/dir` removes a big tree through the library's remove_tree: the
+/// kernel makes it (an htree directory, subdirectories, a hard link to a file
+/// outside), uext4 removes it, e2fsck is silent and the kernel finds the rest
+/// as it was; the root, '.' and '..' are refused and leave the image alone.
+#[test]
+fn rm_r_removes_a_big_tree() {
+    let have_root = unsafe { libc::geteuid() } == 0;
+    if !have_root {
+        assert!(std::env::var("UEXT4_REQUIRE_ORACLES").as_deref() != Ok("1"), "needs root for the kernel");
+        eprintln!("SKIPPED: needs root for the kernel");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let i = img.to_str().unwrap();
+    let at = |p: &str| format!("{i}:{p}");
+    ok(&["mkfs", "-q", i, "--size", "64M"]);
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mount = |opts: &str| {
+        let status = Command::new("mount").args(["-o", opts]).arg(&img).arg(&mnt).status().unwrap();
+        assert!(status.success(), "mount -o {opts}");
+    };
+    let umount = || {
+        for _ in 0..100 {
+            if Command::new("umount").arg(&mnt).status().unwrap().success() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("cannot unmount {}", mnt.display());
+    };
+    mount("loop");
+    let made = std::panic::catch_unwind(|| {
+        std::fs::write(mnt.join("outside"), b"kept").unwrap();
+        std::fs::create_dir_all(mnt.join("t/many")).unwrap();
+        for n in 0..4_000 {
+            std::fs::write(mnt.join(format!("t/many/file-{n:05}")), b"").unwrap();
+        }
+        for d in 0..20 {
+            let sub = mnt.join(format!("t/sub{d}/inner"));
+            std::fs::create_dir_all(&sub).unwrap();
+            std::fs::write(sub.join("data"), vec![d as u8; 20_000]).unwrap();
+        }
+        std::fs::hard_link(mnt.join("outside"), mnt.join("t/link")).unwrap();
+    });
+    umount();
+    made.unwrap();
+    let listing = ok(&["ls", &at("/t")]);
+    for refused in ["/", "/.", "/t/.."] {
+        let out = uext4(&["rm", "-r", &at(refused)]);
+        assert_eq!(out.status.code(), Some(1), "rm -r {refused} was not refused");
+    }
+    assert_eq!(ok(&["ls", &at("/t")]), listing, "a refused rm changed the tree");
+    let out = uext4(&["rm", "-r", &at("/t")]);
+    assert!(out.status.success(), "rm -r: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "progress on a stderr that is not a terminal: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    e2fsck_clean(&img);
+    mount("ro,loop");
+    let check = std::panic::catch_unwind(|| {
+        assert!(!mnt.join("t").exists());
+        let m = std::fs::metadata(mnt.join("outside")).unwrap();
+        assert_eq!((m.nlink(), std::fs::read(mnt.join("outside")).unwrap()), (1, b"kept".to_vec()));
+    });
+    umount();
+    check.unwrap();
+}

@@ -791,3 +791,62 @@ fn pin_to_cpu(cpu: usize) {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
+
+/// `uext4 rm -r MOUNTPOINT/path` asks the mount's daemon to run remove_tree:
+/// the tree goes (its names cached by the kernel too, which the daemon tells
+/// it to drop), a file outside linked from inside keeps its content with one
+/// link less, the mount's root and '.' are refused, and e2fsck is silent
+/// after the unmount.
+#[test]
+fn rm_r_inside_a_mount_runs_remove_tree_in_the_daemon() {
+    if !fuse_oracles() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    mkfs(&img, "64M");
+    let m = UextMount::new(&img, "io_uring=off");
+    let t = m.dir.join("t");
+    fs::write(m.dir.join("outside"), b"kept").unwrap();
+    fs::create_dir_all(t.join("many")).unwrap();
+    for n in 0..3_000 {
+        fs::write(t.join(format!("many/file-{n:05}")), b"").unwrap();
+    }
+    for d in 0..10 {
+        fs::create_dir_all(t.join(format!("sub{d}/inner"))).unwrap();
+        fs::write(t.join(format!("sub{d}/inner/data")), vec![d as u8; 10_000]).unwrap();
+    }
+    fs::hard_link(m.dir.join("outside"), t.join("link")).unwrap();
+    // The kernel caches every name of the tree.
+    for d in 0..10 {
+        assert_eq!(fs::read(t.join(format!("sub{d}/inner/data"))).unwrap().len(), 10_000);
+    }
+    assert_eq!(fs::read_dir(t.join("many")).unwrap().count(), 3_000);
+    for refused in [m.dir.clone(), t.join("."), t.join("..")] {
+        let out = uext4().args(["rm", "-r"]).arg(&refused).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "rm -r {} was not refused", refused.display());
+    }
+    let out = uext4().arg("rm").arg(&t).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "rm of a directory without -r");
+    run(uext4().args(["rm", "-r"]).arg(&t));
+    // Gone at once when the daemon's notification has arrived, at the latest
+    // when the kernel's 1 s of trust in the names runs out.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while t.join("sub3/inner/data").exists() || t.exists() {
+        assert!(Instant::now() < deadline, "the removed tree is still visible through the mount");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fs::read(m.dir.join("outside")).unwrap(), b"kept");
+    // Its attributes dropped by the daemon too (or, at the latest, once the
+    // kernel's 1 s of trust runs out).
+    while fs::metadata(m.dir.join("outside")).unwrap().nlink() != 1 {
+        assert!(Instant::now() < deadline, "outside keeps its link from the removed tree");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run(uext4().args(["rm", "-r", "-f"]).arg(&t));
+    // Plain rm -rf through the mount keeps working.
+    fs::create_dir_all(m.dir.join("u/v")).unwrap();
+    run(Command::new("rm").arg("-rf").arg(m.dir.join("u")));
+    m.unmount();
+    assert_e2fsck_clean(&img);
+}

@@ -45,6 +45,34 @@ impl Filesystem {
         inode
     }
 
+    /// Inode-table blocks read ahead together, aligned on their multiple.
+    const INODE_READ_AHEAD_BLOCKS: u64 = 32;
+
+    /// On a miss for `ino`'s inode-table block, reads the aligned run of
+    /// `INODE_READ_AHEAD_BLOCKS` around it (within its group's table) in one
+    /// request: remove_tree walks the table in order, so the run is used whole.
+    /// Only a hint: errors are left for the read that needs the block.
+    pub(crate) fn read_ahead_inode(&self, ino: u32) {
+        if ino == 0 || ino > self.vol.geo.inodes_count {
+            return;
+        }
+        let group = (ino - 1) / self.vol.geo.inodes_per_group;
+        let index = (ino - 1) % self.vol.geo.inodes_per_group;
+        let gd = self.vol.groups[group as usize].read().clone();
+        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 && self.vol.geo.gd_csum != GdCsum::None {
+            return;
+        }
+        let bs = self.vol.geo.block_size as u64;
+        let table_blocks = (self.vol.geo.inodes_per_group as u64 * self.vol.geo.inode_size as u64).div_ceil(bs);
+        let rel = index as u64 * self.vol.geo.inode_size as u64 / bs;
+        if self.vol.cache.holds(gd.bg_inode_table + rel) {
+            return;
+        }
+        let first = rel / Self::INODE_READ_AHEAD_BLOCKS * Self::INODE_READ_AHEAD_BLOCKS;
+        let count = Self::INODE_READ_AHEAD_BLOCKS.min(table_blocks - first);
+        let _ = self.vol.cache.read_ahead(gd.bg_inode_table + first, count as usize);
+    }
+
     /// Parses an inode from its table block and caches it while still holding the
     /// block's read lock, so a concurrent write_inode (which needs the write lock)
     /// cannot have its newer copy replaced by this older one.

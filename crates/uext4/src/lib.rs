@@ -149,6 +149,7 @@ pub use file::space;
 pub use format::inode::Timestamp;
 pub use fs::{Errors, Filesystem, Options};
 pub use ns::change::SetAttr;
+pub use ns::remove_tree::RemovedTree;
 pub use ns::{FileType, Stat, StatFs, ROOT_INO};
 pub use tunables::Tunable;
 pub use xattr::{XATTR_CREATE, XATTR_REPLACE};

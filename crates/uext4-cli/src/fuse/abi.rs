@@ -64,6 +64,7 @@ pub const FUSE_SYNCFS: u32 = 50;
 
 /// Notifications (a reply with unique 0 and this code in `error`): drop cached attributes.
 pub const FUSE_NOTIFY_INVAL_INODE: i32 = 2;
+pub const FUSE_NOTIFY_INVAL_ENTRY: i32 = 3;
 
 // fuse_init_in/out flags (the upper 32 bits travel in flags2).
 pub const FUSE_ASYNC_READ: u64 = 1 << 0;
@@ -399,6 +400,20 @@ pub fn inval_inode_notification(nodeid: u64) -> [u8; OUT_HEADER_LEN + 24] {
     put_out_header(&mut b, (OUT_HEADER_LEN + 24) as u32, FUSE_NOTIFY_INVAL_INODE, 0);
     b[OUT_HEADER_LEN..OUT_HEADER_LEN + 8].copy_from_slice(&nodeid.to_ne_bytes());
     b[OUT_HEADER_LEN + 8..OUT_HEADER_LEN + 16].copy_from_slice(&(-1i64).to_ne_bytes());
+    b
+}
+
+/// FUSE_NOTIFY_INVAL_ENTRY for `name` in directory `parent`, as written to
+/// /dev/fuse (`struct fuse_notify_inval_entry_out`: parent, namelen, flags,
+/// then the name and a NUL): the kernel drops the dentry and, below a
+/// directory, every dentry it cached there.
+pub fn inval_entry_notification(parent: u64, name: &[u8]) -> Vec<u8> {
+    let len = OUT_HEADER_LEN + 16 + name.len() + 1;
+    let mut b = vec![0u8; len];
+    put_out_header(&mut b, len as u32, FUSE_NOTIFY_INVAL_ENTRY, 0);
+    b[OUT_HEADER_LEN..OUT_HEADER_LEN + 8].copy_from_slice(&parent.to_ne_bytes());
+    b[OUT_HEADER_LEN + 8..OUT_HEADER_LEN + 12].copy_from_slice(&(name.len() as u32).to_ne_bytes());
+    b[OUT_HEADER_LEN + 16..OUT_HEADER_LEN + 16 + name.len()].copy_from_slice(name);
     b
 }
 

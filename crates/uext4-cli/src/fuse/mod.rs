@@ -25,7 +25,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub use server::{TUNABLES_XATTR, TUNE_XATTR};
+pub use server::{REMOVE_TREE_XATTR, TUNABLES_XATTR, TUNE_XATTR};
 
 /// The largest write (and read) the kernel sends in one request: 256 pages.
 pub const MAX_WRITE: u32 = 1 << 20;

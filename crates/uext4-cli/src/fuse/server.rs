@@ -23,7 +23,12 @@
 //!
 //! Runtime tuning uses two virtual xattrs of the mount's root, which never reach
 //! the image: reading `trusted.uext4.tunables` lists every tunable, writing
-//! `key=value` to `trusted.uext4.tune` changes a runtime one.
+//! `key=value` to `trusted.uext4.tune` changes a runtime one. Writing a name
+//! to `trusted.uext4.remove_tree` on a directory runs the library's
+//! `remove_tree` on that name there (`uext4 rm -r MOUNTPOINT/path`); after the
+//! reply, a thread of its own tells the kernel to drop the name's dentries
+//! (FUSE_NOTIFY_INVAL_ENTRY waits for the directory's lock, which the kernel
+//! holds until the setxattr is answered).
 
 use super::abi::{self, Attr, InHeader, Op, Payload, SetattrIn};
 use super::channel::Device;
@@ -38,6 +43,7 @@ use uext4::{Filesystem, Owner, SetAttr, Stat, ROOT_INO};
 
 pub const TUNE_XATTR: &str = "trusted.uext4.tune";
 pub const TUNABLES_XATTR: &str = "trusted.uext4.tunables";
+pub const REMOVE_TREE_XATTR: &str = "trusted.uext4.remove_tree";
 
 /// How long the kernel may trust attributes and names (seconds, nanoseconds).
 /// uext4 is the image's only writer while mounted, so every change passes
@@ -222,6 +228,31 @@ impl Uext4Fuse {
         let note = abi::inval_inode_notification(node_id(ino));
         if let Err(e) = dev.send(&[IoSlice::new(&note)]) {
             self.log(&format!("invalidating the attributes of inode {ino}: {e}"));
+        }
+    }
+
+    /// Tells the kernel, from a thread of its own once the current request is
+    /// answered, to drop its dentry for `name` in `parent` (and all below it)
+    /// and the attributes of the parent (its link count and times changed)
+    /// and of the `stale` inodes (a link fewer).
+    fn forget_entry_later(&self, parent: u32, name: &[u8], stale: Vec<u32>) {
+        let Some(dev) = self.notify.get() else { return };
+        let dev = match dev.duplicate() {
+            Ok(dev) => dev,
+            Err(e) => return self.log(&format!("remove_tree: no descriptor to invalidate entries: {e}")),
+        };
+        let entry = abi::inval_entry_notification(node_id(parent), name);
+        let attrs: Vec<_> =
+            std::iter::once(parent).chain(stale).map(|ino| abi::inval_inode_notification(node_id(ino))).collect();
+        let spawned = std::thread::Builder::new().name("uext4-notify".into()).spawn(move || {
+            // ENOENT: the kernel had nothing cached; nothing to drop.
+            let _ = dev.send(&[IoSlice::new(&entry)]);
+            for note in &attrs {
+                let _ = dev.send(&[IoSlice::new(note)]);
+            }
+        });
+        if let Err(e) = spawned {
+            self.log(&format!("remove_tree: cannot start the thread invalidating entries: {e}"));
         }
     }
 
@@ -756,6 +787,22 @@ impl Uext4Fuse {
                 self.log(&format!("tune: {e}"));
             }
             return Self::done(result);
+        }
+        if name == REMOVE_TREE_XATTR.as_bytes() {
+            // Inodes the kernel holds that lost a link and live on (a hard link
+            // from outside the tree): their cached link counts are stale.
+            let mut stale = Vec::new();
+            let result =
+                self.fs.remove_tree_with(ino, value, &mut |_| std::ops::ControlFlow::Continue(()), &mut |kept| {
+                    if self.lookups.lock().contains_key(&kept) {
+                        stale.push(kept);
+                    }
+                });
+            match &result {
+                Ok(_) => self.forget_entry_later(ino, value, stale),
+                Err(e) => self.log(&format!("remove_tree: {e}")),
+            }
+            return Self::done(result.map(|_| ()));
         }
         match self.fs.set_xattr(ino, name, value, flags) {
             Ok(()) => Some(0),

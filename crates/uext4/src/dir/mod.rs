@@ -163,7 +163,7 @@ impl Filesystem {
         Ok(out)
     }
 
-    fn parse_dir_block(&self, ino: u32, lblk: u64, data: &[u8], out: &mut Vec<DirEntryOwned>) -> Result<()> {
+    pub(crate) fn parse_dir_block(&self, ino: u32, lblk: u64, data: &[u8], out: &mut Vec<DirEntryOwned>) -> Result<()> {
         let location = format!("directory inode {ino} block {lblk}");
         for e in DirEntryIter::new(
             data,
@@ -180,7 +180,7 @@ impl Filesystem {
         Ok(())
     }
 
-    fn read_inline_dir(&self, ino: u32, inode: &Inode) -> Result<Vec<DirEntryOwned>> {
+    pub(crate) fn read_inline_dir(&self, ino: u32, inode: &Inode) -> Result<Vec<DirEntryOwned>> {
         let data = self.inline_dir_bytes(ino, inode)?;
         let parent = le32(&data, 0);
         let mut out = vec![
@@ -271,10 +271,14 @@ impl Filesystem {
     /// `lookup` for a caller that holds the name's slot (a change of names), or
     /// needs none.
     pub(crate) fn lookup_held(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
-        let found = {
-            let _structure = self.dir_structure.read(dir as u64);
-            self.lookup_entry(dir, name)?
-        };
+        // The inode is judged under the structure lock too: an unlink or rmdir
+        // holds it (for writing in a linear directory, where a lookup takes no
+        // name slot) from removing the entry until the inode's link count is
+        // written, so a name seen here still names a linked inode. Judged after
+        // the lock, a removal in between showed a live name's inode as deleted
+        // (remove_tree's racing lookups met it).
+        let _structure = self.dir_structure.read(dir as u64);
+        let found = self.lookup_entry(dir, name)?;
         if let Some(ino) = found {
             // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
             let first_ino = self.vol.sb.read().first_ino();

@@ -95,14 +95,20 @@ impl Filesystem {
     /// ENOENT). The caller holds the directory's inode lock, which every removal
     /// holds while it checks that the directory is empty and unlinks it, so the
     /// answer stays true until the caller's change is made.
+    ///
+    /// A caller holding a stale number may find it reused by then: the directory
+    /// was removed and freed, and the number handed to a new file, which has
+    /// links. That is the same removed directory (ENOENT), never a place for a
+    /// name (remove_tree's racing creates put entries into such a file).
     pub(crate) fn require_live_dir(&self, dir: u32) -> Result<()> {
-        if self.inode(dir)?.i_links_count == 0 {
+        let inode = self.inode(dir)?;
+        if inode.i_links_count == 0 || !inode.is_dir() {
             return Err(Self::removed_dir_error(dir));
         }
         Ok(())
     }
 
-    fn touch_dir(inode: &mut Inode) {
+    pub(crate) fn touch_dir(inode: &mut Inode) {
         let t = now();
         inode.i_mtime = t;
         inode.i_ctime = t;
@@ -154,8 +160,9 @@ impl Filesystem {
     /// comes after the handle, against the lock order, so it is never waited for:
     /// the lock of an inode that was free is held only by a caller with a stale
     /// inode number, who may be waiting to begin a handle — that is, for this
-    /// handle's transaction to close. Such an inode is passed over (kept taken
-    /// until another is found, then given back).
+    /// handle's transaction to close — or by a `remove_tree` batch that freed
+    /// it in a handle still open (up to `BATCH_NAMES` at once). Such an inode is
+    /// passed over (kept taken until another is found, then given back).
     ///
     /// # Errors
     /// `NoSpace` without a free inode; `Busy` when many in a row are locked.
@@ -164,7 +171,7 @@ impl Filesystem {
         tx: &mut Handle,
         request: &crate::alloc::InodeRequest,
     ) -> Result<(u32, crate::locks::RwHeld<'_>)> {
-        const TRIES: usize = 16;
+        const TRIES: usize = 16 + crate::ns::remove_tree::BATCH_NAMES;
         let is_dir = request.is_dir;
         let mut passed_over = Vec::new();
         let mut found = None;
@@ -363,7 +370,7 @@ impl Filesystem {
     /// `NotFound` when there is no such name; `IsADirectory` for a directory (use
     /// [`Filesystem::rmdir`]); `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<()> {
-        self.remove_name(parent, name, false)
+        self.remove_name(parent, name, false, None)
     }
 
     /// Removes an empty directory.
@@ -372,10 +379,12 @@ impl Filesystem {
     /// `NotFound` when there is no such name; `NotADirectory` for a non-directory; `NotEmpty` when it
     /// holds entries; `Busy` for `.` or `..`; `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
     pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<()> {
-        self.remove_name(parent, name, true)
+        self.remove_name(parent, name, true, None)
     }
 
-    fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool) -> Result<()> {
+    /// Unlink or rmdir of `name`; with `expect`, only while the name still names
+    /// that inode (else `NotFound`: remove_tree never removes what replaced it).
+    pub(crate) fn remove_name(&self, parent: u32, name: &[u8], want_dir: bool, expect: Option<u32>) -> Result<()> {
         // The errno the kernel's do_unlinkat and do_rmdir give for these names.
         if name == b"." || name == b".." {
             let what = format!("cannot remove '{}'", String::from_utf8_lossy(name));
@@ -389,6 +398,9 @@ impl Filesystem {
         self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
         let ino = self.lookup_held(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        if expect.is_some_and(|e| e != ino) {
+            return Err(Error::NotFound(format!("{} now names another inode", shown())));
+        }
         // The removed inode exclusive: for a directory, creates in it hold it
         // shared, so it stays empty from the check below to its removal.
         let _inode_locks = self.inode_locks.lock_modes(&[(parent as u64, Mode::Shared), (ino as u64, Mode::Exclusive)]);

@@ -8,6 +8,7 @@ use crate::fs::Filesystem;
 pub mod change;
 pub mod orphan;
 pub(crate) mod pdirops;
+pub mod remove_tree;
 pub mod rename;
 use std::collections::HashSet;
 

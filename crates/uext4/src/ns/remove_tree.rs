@@ -1,0 +1,426 @@
+//! `remove_tree`: a directory and everything below it removed by the
+//! filesystem itself, in inode order (seed 003's option 3).
+//!
+//! Deleting a huge indexed directory name by name in readdir (hash) order
+//! touches the inode table at random; once the table no longer fits in the
+//! cache every block is written out and read back several times. Here each
+//! pass over a directory keeps the `CHUNK_ENTRIES` entries with the lowest
+//! inode numbers (a bounded max-heap), and removes them in ascending inode
+//! order, so inode-table blocks, bitmaps and group descriptors are met in
+//! order and each is dirtied once per transaction for many inodes.
+//!
+//! Invariants:
+//! - Memory is bounded for any directory size and depth: a pass holds at most
+//!   `CHUNK_ENTRIES` entries, less those the directories above it still hold
+//!   waiting to be descended into, but never fewer than `MIN_CHUNK_ENTRIES`:
+//!   at most `CHUNK_ENTRIES + MIN_CHUNK_ENTRIES × depth` entries (each a name
+//!   of at most 255 bytes) at once. Subdirectories are removed bottom-up from
+//!   an explicit stack, so depth costs no Rust stack.
+//! - Crash safety: every transaction leaves a consistent filesystem. Up to
+//!   `BATCH_NAMES` names of one directory go in one handle, each entry removed
+//!   together with its inode's link-count change; an inode at 0 links is
+//!   freed in that handle, or put on the orphan list in it (open files, and
+//!   files of more than `STEP_BLOCKS` blocks, which are then released
+//!   `STEP_BLOCKS` at a time, one handle each). A directory goes by `rmdir`
+//!   once empty. A cut at any point leaves part of the tree removed, the rest
+//!   a consistent tree, every orphan on the orphan list: the next open's
+//!   orphan processing, or another `remove_tree`, finishes it.
+//! - Concurrency: each batch takes the namespace locks of an unlink
+//!   (docs/ARCHITECTURE.md's order: the directory's lock and the names' slots,
+//!   then inode locks ascending, then the handle, then the structure lock) and
+//!   checks under them that each name still names the inode the pass saw. A
+//!   create in a directory being emptied either lands before its `rmdir`
+//!   (which then finds it not empty and the directory gets another pass) or
+//!   fails with ENOENT (`require_live_dir`); lookups see each name removed
+//!   whole, as with unlink.
+//! - I/O: on an inode-table miss the aligned 32-block run around the block is
+//!   read in one request (`read_ahead_inode`), as the batch will use it whole.
+//! - Hard links: an inode with names elsewhere only loses a link; shared
+//!   xattr blocks lose one reference per inode freed (`release_inode`).
+
+use crate::dir::DirEntryOwned;
+use crate::error::{Error, Result};
+use crate::format::dirent::EXT4_FT_DIR;
+use crate::format::inode::*;
+use crate::fs::Filesystem;
+use crate::locks::Mode;
+use crate::ns::change::{check_name, now};
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::ops::ControlFlow;
+
+/// Entries one pass over a directory keeps (the lowest inode numbers).
+pub const CHUNK_ENTRIES: usize = 65_536;
+/// The least a pass keeps, however many its ancestors hold.
+const MIN_CHUNK_ENTRIES: usize = 1_024;
+/// Names removed in one handle: their leaves, inode-table blocks and xattr
+/// blocks stay well inside the smallest journal's hard limit.
+pub(crate) const BATCH_NAMES: usize = 64;
+/// Passes in a row over one directory that find nothing yet cannot remove it.
+const STUCK_PASSES: u32 = 1_000;
+/// Blocks a big file releases per handle once on the orphan list.
+pub const STEP_BLOCKS: u64 = 4_096;
+
+/// What a `remove_tree` removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RemovedTree {
+    /// Names removed, the top one included.
+    pub names: u64,
+    /// Directories removed, the top one included.
+    pub directories: u64,
+    /// Inodes that lost their last link: freed, or (open files) on the orphan
+    /// list until their last close.
+    pub inodes_released: u64,
+}
+
+/// A directory on the path being removed.
+struct Level {
+    dir: u32,
+    parent: u32,
+    name: Vec<u8>,
+    /// Subdirectories this directory's last pass found, highest inode first
+    /// (popped lowest first).
+    subdirs: Vec<(u32, Vec<u8>)>,
+}
+
+impl Filesystem {
+    /// Removes `name` in directory `parent` and, for a directory, everything
+    /// below it; see the module comment (ns/remove_tree.rs) for the order,
+    /// the memory bound (at most 65,536 entries per pass, plus 1,024 per level
+    /// of depth) and what a crash leaves.
+    ///
+    /// # Errors
+    /// `Invalid` for `.` and `..`; `NotFound` when there is no such name;
+    /// `NotADirectory` when `parent` is not a directory; `ReadOnly`, `NoSpace`
+    /// (an inline directory moved to a block on a full disk), `Corrupt` (a
+    /// damaged directory, or a directory loop) as for unlink and rmdir. What was
+    /// removed before an error stays removed.
+    pub fn remove_tree(&self, parent: u32, name: &[u8]) -> Result<RemovedTree> {
+        self.remove_tree_with_progress(parent, name, &mut |_| ControlFlow::Continue(()))
+    }
+
+    /// `remove_tree`, calling `progress` with the figures so far after each
+    /// handle; `ControlFlow::Break` stops it there (EINTR), the tree part
+    /// removed, as a cut would leave it.
+    ///
+    /// # Errors
+    /// As [`Filesystem::remove_tree`]; `Io` (interrupted) when `progress` stopped it.
+    pub fn remove_tree_with_progress(
+        &self,
+        parent: u32,
+        name: &[u8],
+        progress: &mut dyn FnMut(&RemovedTree) -> ControlFlow<()>,
+    ) -> Result<RemovedTree> {
+        self.remove_tree_with(parent, name, progress, &mut |_| {})
+    }
+
+    /// `remove_tree_with_progress`, also calling `kept_links` with every
+    /// inode that lost a link but keeps others (a hard link from outside the
+    /// tree): a FUSE server tells the kernel its cached link count is stale.
+    ///
+    /// # Errors
+    /// As [`Filesystem::remove_tree_with_progress`].
+    pub fn remove_tree_with(
+        &self,
+        parent: u32,
+        name: &[u8],
+        progress: &mut dyn FnMut(&RemovedTree) -> ControlFlow<()>,
+        kept_links: &mut dyn FnMut(u32),
+    ) -> Result<RemovedTree> {
+        let mut stats = RemovedTree::default();
+        let mut report = |stats: &RemovedTree| match progress(stats) {
+            ControlFlow::Continue(()) => Ok(()),
+            ControlFlow::Break(()) => Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "remove_tree stopped by its caller",
+            ))),
+        };
+        if name == b"." || name == b".." {
+            return Err(Error::Invalid(format!("refusing to remove '{}'", String::from_utf8_lossy(name))));
+        }
+        check_name(name)?;
+        self.require_dir(parent)?;
+        let shown = || String::from_utf8_lossy(name).into_owned();
+        let top = self.lookup(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        let top_inode = self.inode(top)?;
+        if !top_inode.is_dir() {
+            let last = top_inode.i_links_count <= 1;
+            self.remove_name(parent, name, false, Some(top))?;
+            if !last {
+                kept_links(top);
+            }
+            stats.names = 1;
+            stats.inodes_released = last as u64;
+            report(&stats)?;
+            return Ok(stats);
+        }
+        let mut on_path: HashSet<u32> = HashSet::from([crate::ns::ROOT_INO, parent, top]);
+        if top == crate::ns::ROOT_INO || top == parent {
+            return Err(Error::Busy(format!("refusing to remove '{}': it is the root or its parent", shown())));
+        }
+        let mut stack = vec![Level { dir: top, parent, name: name.to_vec(), subdirs: Vec::new() }];
+        // Entries held in `subdirs` lists along the stack.
+        let mut held = 0usize;
+        // Passes in a row that found nothing to remove yet could not rmdir.
+        let mut stuck = 0u32;
+        while let Some(level) = stack.last_mut() {
+            if let Some((sub, sub_name)) = level.subdirs.pop() {
+                held -= 1;
+                // Moved away (or replaced) since the pass saw it: not ours.
+                if self.lookup(level.dir, &sub_name)? != Some(sub) {
+                    continue;
+                }
+                if !on_path.insert(sub) {
+                    return Err(Error::corrupt(
+                        format!("directory inode {sub} is its own ancestor (a directory loop)"),
+                        format!("entry '{}' in directory inode {}", String::from_utf8_lossy(&sub_name), level.dir),
+                    ));
+                }
+                let dir = level.dir;
+                stack.push(Level { dir: sub, parent: dir, name: sub_name, subdirs: Vec::new() });
+                continue;
+            }
+            let dir = level.dir;
+            let limit = CHUNK_ENTRIES.saturating_sub(held).max(MIN_CHUNK_ENTRIES);
+            let chunk = match self.lowest_entries(dir, limit) {
+                Ok(chunk) => chunk,
+                // Removed by someone else meanwhile.
+                Err(Error::NotFound(_)) => {
+                    on_path.remove(&dir);
+                    stack.pop();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if chunk.is_empty() {
+                let (parent, name) = (level.parent, level.name.clone());
+                match self.remove_name(parent, &name, true, Some(dir)) {
+                    Ok(()) => {
+                        stats.names += 1;
+                        stats.directories += 1;
+                        stats.inodes_released += 1;
+                        report(&stats)?;
+                    }
+                    // A create slipped in before the rmdir's locks: another
+                    // pass. A directory that stays "not empty" with nothing a
+                    // pass can see (a second '.' or '..') is damaged.
+                    Err(Error::NotEmpty(_)) => {
+                        stuck += 1;
+                        if stuck > STUCK_PASSES {
+                            return Err(Error::corrupt(
+                                "directory is not empty but holds no entry to remove (a second '.' or '..'?)",
+                                format!("directory inode {dir}"),
+                            ));
+                        }
+                        continue;
+                    }
+                    // Moved or removed by someone else: what was below it is gone.
+                    Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                on_path.remove(&dir);
+                stack.pop();
+                continue;
+            }
+            stuck = 0;
+            // Entries typed as directories wait for their descent; the rest
+            // (and entries without a type) go in batches, which hand back
+            // what turns out to be a directory.
+            let mut subdirs = Vec::new();
+            let mut others = Vec::with_capacity(chunk.len().min(BATCH_NAMES));
+            let mut chunk = chunk.into_iter().peekable();
+            while chunk.peek().is_some() {
+                others.clear();
+                while others.len() < BATCH_NAMES {
+                    let Some(e) = chunk.next() else { break };
+                    if e.file_type == EXT4_FT_DIR {
+                        subdirs.push((e.ino, e.name));
+                    } else {
+                        others.push(e);
+                    }
+                }
+                if !others.is_empty() {
+                    subdirs.extend(self.remove_names_batch(dir, &others, &mut stats, kept_links)?);
+                    report(&stats)?;
+                }
+            }
+            subdirs.sort_unstable_by(|a, b| b.cmp(a));
+            held += subdirs.len();
+            if let Some(level) = stack.last_mut() {
+                level.subdirs = subdirs;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// The (at most) `limit` entries of `dir` with the lowest inode numbers,
+    /// ascending, "." and ".." left out. One pass over the directory under its
+    /// structure read lock; memory stays at `limit` entries plus one block's.
+    fn lowest_entries(&self, dir: u32, limit: usize) -> Result<Vec<DirEntryOwned>> {
+        let _structure = self.dir_structure.read(dir as u64);
+        let inode = self.require_dir(dir)?;
+        if inode.i_links_count == 0 {
+            return Err(Self::removed_dir_error(dir));
+        }
+        let mut heap: BinaryHeap<(u32, Vec<u8>, u8)> = BinaryHeap::new();
+        let mut keep = |e: DirEntryOwned| {
+            if e.name == b"." || e.name == b".." {
+                return;
+            }
+            heap.push((e.ino, e.name, e.file_type));
+            if heap.len() > limit {
+                heap.pop();
+            }
+        };
+        if inode.has_flag(EXT4_INLINE_DATA_FL) {
+            self.read_inline_dir(dir, &inode)?.into_iter().for_each(&mut keep);
+        } else {
+            let mut block = Vec::new();
+            for lblk in 0..self.dir_blocks(dir, &inode)? {
+                let buf = self.dir_block(dir, &inode, lblk)?;
+                self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
+                block.drain(..).for_each(&mut keep);
+            }
+        }
+        Ok(heap
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(ino, name, file_type)| DirEntryOwned { ino, file_type, name })
+            .collect())
+    }
+
+    /// Removes the names of `batch` (entries of `dir`, ascending inode) that
+    /// still name the inode the pass saw, in one handle. Returns those that
+    /// turned out to be directories, untouched.
+    fn remove_names_batch(
+        &self,
+        dir: u32,
+        batch: &[DirEntryOwned],
+        stats: &mut RemovedTree,
+        kept_links: &mut dyn FnMut(u32),
+    ) -> Result<Vec<(u32, Vec<u8>)>> {
+        let mut subdirs = Vec::new();
+        let mut big = Vec::new();
+        // Told to `kept_links` once the locks are dropped: a caller may take
+        // its own locks there, and call the library under them.
+        let mut kept = Vec::new();
+        // Inode-table blocks in runs, before any lock: the batch is in inode order.
+        for e in batch {
+            self.read_ahead_inode(e.ino);
+        }
+        {
+            let keys: Vec<(u32, &[u8])> = batch.iter().map(|e| (dir, e.name.as_slice())).collect();
+            let names = self.lock_names(&keys)?;
+            if self.require_dir(dir)?.i_links_count == 0 {
+                // Removed by someone else: the next pass says so.
+                return Ok(subdirs);
+            }
+            let mut found = Vec::with_capacity(batch.len());
+            for e in batch {
+                if self.lookup_held(dir, &e.name)? == Some(e.ino) {
+                    found.push(e);
+                }
+            }
+            let mut modes = vec![(dir as u64, Mode::Shared)];
+            modes.extend(found.iter().map(|e| (e.ino as u64, Mode::Exclusive)));
+            let _inode_locks = self.inode_locks.lock_modes(&modes);
+            // Working copies, one per inode (two names of one inode in this batch
+            // drop two links of one copy).
+            let mut inodes: BTreeMap<u32, Inode> = BTreeMap::new();
+            let mut doomed = Vec::with_capacity(found.len());
+            for e in found {
+                if let std::collections::btree_map::Entry::Vacant(slot) = inodes.entry(e.ino) {
+                    slot.insert((*self.inode(e.ino)?).clone());
+                }
+                if inodes[&e.ino].is_dir() {
+                    subdirs.push((e.ino, e.name.clone()));
+                } else {
+                    doomed.push(e);
+                }
+            }
+            inodes.retain(|_, i| !i.is_dir());
+            if doomed.is_empty() {
+                return Ok(subdirs);
+            }
+            // Everything that can refuse comes before the first change.
+            let mut drops: BTreeMap<u32, u16> = BTreeMap::new();
+            for e in &doomed {
+                *drops.entry(e.ino).or_default() += 1;
+            }
+            for (&ino, &n) in &drops {
+                let inode = &inodes[&ino];
+                if inode.i_links_count <= n {
+                    self.check_releasable(ino, inode)?;
+                }
+            }
+            let mut tx = self.begin(8 + 4 * doomed.len() as u32)?;
+            let parallel = names.parallel(dir);
+            let _structure = self.dir_structure.lock(dir as u64, if parallel { Mode::Shared } else { Mode::Exclusive });
+            if !parallel {
+                self.uninline(&mut tx, dir)?;
+            }
+            for e in &doomed {
+                let dir_inode = self.inode(dir)?;
+                self.remove_entry(&mut tx, dir, &dir_inode, &e.name)?;
+            }
+            self.update_dir_attrs(&mut tx, dir, None, &Self::touch_dir)?;
+            let t = now();
+            let big_blocks = STEP_BLOCKS * (self.vol.geo.block_size as u64 / 512);
+            for (&ino, &n) in &drops {
+                let Some(inode) = inodes.get_mut(&ino) else { continue };
+                inode.i_links_count = inode.i_links_count.saturating_sub(n);
+                inode.i_ctime = t;
+                if inode.i_links_count == 0 {
+                    stats.inodes_released += 1;
+                    if self.is_open(ino) {
+                        // Freed at the last close, like an unlinked open file.
+                        self.orphan_add(&mut tx, ino, inode)?;
+                    } else if inode.blocks_512(self.vol.geo.huge_file, self.vol.geo.block_size as u32) > big_blocks {
+                        self.orphan_add(&mut tx, ino, inode)?;
+                        big.push(ino);
+                    } else {
+                        self.release_inode(&mut tx, ino, inode)?;
+                    }
+                }
+                self.write_inode(&mut tx, ino, inode)?;
+            }
+            tx.finish()?;
+            stats.names += doomed.len() as u64;
+            kept.extend(
+                inodes.iter().filter(|(ino, i)| drops.contains_key(ino) && i.i_links_count > 0).map(|(&ino, _)| ino),
+            );
+        }
+        kept.into_iter().for_each(&mut *kept_links);
+        for ino in big {
+            self.release_in_steps(ino)?;
+        }
+        Ok(subdirs)
+    }
+
+    /// Frees an unlinked, unopened inode on the orphan list `STEP_BLOCKS` at a
+    /// time from its end, one handle each, then the inode and its record. A cut
+    /// between steps leaves a shorter orphan that the next open frees.
+    fn release_in_steps(&self, ino: u32) -> Result<()> {
+        let bs = self.vol.geo.block_size as u64;
+        loop {
+            let _lock = self.inode_locks.write(ino as u64);
+            let mut inode = (*self.inode(ino)?).clone();
+            if inode.i_links_count != 0 || self.is_open(ino) {
+                return Ok(());
+            }
+            let end = inode.i_size.div_ceil(bs);
+            let mapped = inode.has_flag(EXT4_EXTENTS_FL) || self.has_block_map(&inode);
+            let mut tx = self.begin(32)?;
+            if end <= STEP_BLOCKS || !mapped {
+                self.orphan_remove(&mut tx, ino, &mut inode)?;
+                self.release_inode(&mut tx, ino, &mut inode)?;
+                self.write_inode(&mut tx, ino, &inode)?;
+                return tx.finish();
+            }
+            let keep = end - STEP_BLOCKS;
+            self.extent_truncate(&mut tx, ino, &mut inode, keep)?;
+            inode.i_size = keep * bs;
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
+        }
+    }
+}
