@@ -90,7 +90,7 @@ impl Workload for RmTree {
     }
     fn about(&self) -> &'static str {
         "seed 003: a directory of empty files created, then deleted in readdir order, in inode order (rm_all), \
-         by remove_tree (GNU rm -rf on a mount), and in readdir order when made with hash_goal=on (library)"
+         by remove_tree (uext4 rm -r on uext4's mounts, GNU rm -rf on the kernel's), and in readdir order when made with hash_goal=on (library)"
     }
     fn size(&self, quick: bool) -> String {
         format!(
