@@ -7,6 +7,9 @@
 //! - `inline-find`: a tree shaped like a source tree, most directories holding
 //!   a few names; cold, `find -name a` (read every directory, match no name),
 //!   and cold again, a lookup of the absent name `a` in every directory.
+//! - `inline-find-small`: the same phases on a tree whose every directory fits
+//!   a 256-byte inode (0..=5 entries: the seed's "most of the dirs are
+//!   inlined" case; `TreeShape::AllInline`).
 //! - `inline-postmark`: postmark-like: files of 11..=500 bytes over many
 //!   subdirectories, created, then transactions (a read or an append, then a
 //!   create or a delete), then every file deleted; 1,024-byte inodes, so that
@@ -50,15 +53,41 @@ fn files_in_a_directory(rng: &mut Rng) -> u64 {
     0
 }
 
-/// A source-like tree of directories mostly small: each directory under a
-/// random earlier one, holding as many files as seed 004's fsstats histogram
-/// gives (`SEED_DIR_SIZES`: over half hold under 4 entries), file sizes as in a
-/// source tree: one in 25 under 60 bytes, one in 25 60..500,
-/// most a few KiB, one in twenty up to 64 KiB. Directories are `dNNNNN`, files
-/// `fNNNNNN.c`: a walk knows which is which by the name, as find knows it by
-/// d_type, without a stat.
+/// Which directories a `SmallTree` has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TreeShape {
+    /// Each directory under a random earlier one, holding as many files as
+    /// seed 004's fsstats histogram gives (`SEED_DIR_SIZES`: over half hold
+    /// under 4 entries, 29% hold 8 or more and live in blocks either way); file
+    /// sizes as in a source tree: one in 25 under 60 bytes, one in 25 60..500,
+    /// most a few KiB, one in twenty up to 64 KiB.
+    SeedHistogram,
+    /// Every directory small enough to stay in a 256-byte inode: at most
+    /// `INLINE_DIR_SUBDIRS` subdirectories and `INLINE_DIR_ENTRIES` names in
+    /// all; a third of the files under 60 bytes (in i_block alone), a third of
+    /// 60..128 (inline with the system.data xattr), a third 1..8 KiB.
+    AllInline,
+}
+
+/// At most this many names in an `AllInline` directory. A 256-byte inode with
+/// mkfs's 32-byte i_extra_isize holds an inline directory in i_block (a 4-byte
+/// parent, then 56 bytes of entries) and in the system.data xattr's value (96
+/// bytes of in-inode xattr space less the 4-byte magic, the 4-byte end and the
+/// 20-byte entry named "data": 68 bytes). An entry is 8 bytes and its name
+/// rounded up to 4: `fNNNNNN.c` takes 20, `dNNNNN` 16; entries do not straddle
+/// the two parts, so the worst case, all files, is 2 in i_block (40 of 56) and
+/// 3 in the xattr (60 of 68): 5.
+const INLINE_DIR_ENTRIES: u64 = 5;
+/// At most this many subdirectories in an `AllInline` directory, so that a
+/// directory full of subdirectories still leaves room for a file or two.
+const INLINE_DIR_SUBDIRS: u64 = 3;
+
+/// A source-like tree of directories mostly small, nested under `src`, shaped
+/// by `TreeShape`. Directories are `dNNNNN`, files `fNNNNNN.c`: a walk knows
+/// which is which by the name, as find knows it by d_type, without a stat.
 struct SmallTree {
     dirs: u64,
+    shape: TreeShape,
 }
 
 enum Entry {
@@ -67,33 +96,63 @@ enum Entry {
 }
 
 impl SmallTree {
-    fn for_size(quick: bool) -> SmallTree {
-        match (tiny(), quick) {
-            (true, _) => SmallTree { dirs: 60 },
-            (false, true) => SmallTree { dirs: 2_000 },
-            (false, false) => SmallTree { dirs: 13_000 },
-        }
+    fn for_size(quick: bool, shape: TreeShape) -> SmallTree {
+        let dirs = match (tiny(), quick) {
+            (true, _) => 60,
+            (false, true) => 2_000,
+            (false, false) => 13_000,
+        };
+        SmallTree { dirs, shape }
     }
 
+    /// The tree's directories and files, each after its directory. The seed
+    /// histogram's draws are those of the first runs (its results stay
+    /// comparable); `AllInline` draws its own.
     fn entries(&self) -> Vec<Entry> {
         let mut rng = Rng::new(0x004_5eed);
         let mut dirs = vec![String::from("src")];
+        let mut subdirs = vec![0u64];
+        // AllInline: the directories that may take another subdirectory.
+        let mut open = vec![0usize];
         let mut out = vec![Entry::Dir("src".into())];
         for d in 1..self.dirs {
-            let parent = dirs[rng.below(dirs.len() as u64) as usize].clone();
-            let dir = format!("{parent}/d{d:05}");
+            let parent = match self.shape {
+                TreeShape::SeedHistogram => rng.below(dirs.len() as u64) as usize,
+                TreeShape::AllInline => {
+                    let k = rng.below(open.len() as u64) as usize;
+                    let parent = open[k];
+                    if subdirs[parent] + 1 == INLINE_DIR_SUBDIRS {
+                        open.swap_remove(k);
+                    }
+                    open.push(dirs.len());
+                    parent
+                }
+            };
+            subdirs[parent] += 1;
+            let dir = format!("{}/d{d:05}", dirs[parent]);
             out.push(Entry::Dir(dir.clone()));
             dirs.push(dir);
+            subdirs.push(0);
         }
         let mut f = 0u64;
-        for dir in &dirs {
-            let files = files_in_a_directory(&mut rng);
+        for (dir, &subdirs) in dirs.iter().zip(&subdirs) {
+            let files = match self.shape {
+                TreeShape::SeedHistogram => files_in_a_directory(&mut rng),
+                TreeShape::AllInline => rng.below(INLINE_DIR_ENTRIES - subdirs + 1),
+            };
             for _ in 0..files {
-                let len = match rng.below(25) {
-                    0 => 1 + rng.below(59),
-                    1 => 60 + rng.below(440),
-                    _ if rng.below(20) == 0 => rng.below(64 << 10),
-                    _ => 500 + rng.below(8 << 10),
+                let len = match self.shape {
+                    TreeShape::SeedHistogram => match rng.below(25) {
+                        0 => 1 + rng.below(59),
+                        1 => 60 + rng.below(440),
+                        _ if rng.below(20) == 0 => rng.below(64 << 10),
+                        _ => 500 + rng.below(8 << 10),
+                    },
+                    TreeShape::AllInline => match rng.below(3) {
+                        0 => 1 + rng.below(59),
+                        1 => 60 + rng.below(68),
+                        _ => (1 << 10) + rng.below(7 << 10),
+                    },
                 };
                 out.push(Entry::File(format!("{dir}/f{f:06}.c"), len as usize));
                 f += 1;
@@ -142,23 +201,36 @@ fn dir_paths(tree: &SmallTree) -> Vec<String> {
         .collect()
 }
 
-pub struct InlineFind;
+/// `inline-find` (`TreeShape::SeedHistogram`) and `inline-find-small`
+/// (`TreeShape::AllInline`).
+pub struct InlineFind(pub TreeShape);
 
 impl Workload for InlineFind {
     fn name(&self) -> &'static str {
-        "inline-find"
+        match self.0 {
+            TreeShape::SeedHistogram => "inline-find",
+            TreeShape::AllInline => "inline-find-small",
+        }
     }
     fn about(&self) -> &'static str {
-        "seed 004: a source-like tree of small directories; cold, find -name a (read every directory), \
-         then cold, a lookup of the absent name in every directory"
+        match self.0 {
+            TreeShape::SeedHistogram => {
+                "seed 004: a source-like tree of small directories; cold, find -name a (read every directory), \
+                 then cold, a lookup of the absent name in every directory"
+            }
+            TreeShape::AllInline => {
+                "seed 004: inline-find on a source-like tree whose every directory holds 0-5 entries \
+                 (all fit a 256-byte inode)"
+            }
+        }
     }
     fn size(&self, quick: bool) -> String {
-        let tree = SmallTree::for_size(quick);
+        let tree = SmallTree::for_size(quick, self.0);
         let files = tree.entries().len() as u64 - tree.dirs;
         format!("{} directories, {files} files; image made with -O inline_data", tree.dirs)
     }
     fn image_mb(&self, quick: bool) -> u64 {
-        if quick || tiny() {
+        if quick || tiny() || self.0 == TreeShape::AllInline {
             1024
         } else {
             4096
@@ -168,7 +240,7 @@ impl Workload for InlineFind {
         with_inline_data(None)
     }
     fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
-        let tree = SmallTree::for_size(quick);
+        let tree = SmallTree::for_size(quick, self.0);
         let dirs = dir_paths(&tree);
         phases.untimed(&mut |fs| tree.build(fs))?;
         phases.restart()?;
@@ -200,10 +272,10 @@ impl Workload for InlineSpace {
         "seed 004: the source-like tree of inline-find created; the image's bytes in use afterwards"
     }
     fn size(&self, quick: bool) -> String {
-        InlineFind.size(quick)
+        InlineFind(TreeShape::SeedHistogram).size(quick)
     }
     fn image_mb(&self, quick: bool) -> u64 {
-        InlineFind.image_mb(quick)
+        InlineFind(TreeShape::SeedHistogram).image_mb(quick)
     }
     fn mkfs_args(&self, _quick: bool) -> Vec<String> {
         with_inline_data(None)
@@ -212,7 +284,7 @@ impl Workload for InlineSpace {
         Some("create")
     }
     fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
-        let tree = SmallTree::for_size(quick);
+        let tree = SmallTree::for_size(quick, TreeShape::SeedHistogram);
         let count = tree.entries().len() as u64;
         phases.timed("create", count, &mut |fs| tree.build(fs))
     }
@@ -383,7 +455,7 @@ mod tests {
 
     #[test]
     fn the_small_tree_puts_every_entry_under_an_earlier_directory() {
-        let tree = SmallTree { dirs: 200 };
+        let tree = SmallTree { dirs: 200, shape: TreeShape::SeedHistogram };
         let mut dirs = std::collections::HashSet::new();
         let (mut tiny_files, mut files) = (0, 0);
         for e in tree.entries() {
@@ -409,5 +481,55 @@ mod tests {
         assert_eq!(dirs.len(), 200);
         // Some files small enough for i_block alone, most not.
         assert!(tiny_files > 0 && tiny_files < files / 10, "{tiny_files} of {files}");
+    }
+
+    /// Bytes an inline directory's entries take, in the kernel's layout: 8 and
+    /// the name rounded up to 4 each.
+    fn entry_bytes(name: &str) -> usize {
+        8 + name.len().div_ceil(4) * 4
+    }
+
+    #[test]
+    fn every_directory_of_the_all_inline_tree_fits_a_256_byte_inode() {
+        let tree = SmallTree { dirs: 2_000, shape: TreeShape::AllInline };
+        let mut names: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        let (mut files, mut inline_files, mut nested) = (0, 0, 0);
+        for e in tree.entries() {
+            let (path, len) = match e {
+                Entry::Dir(p) => {
+                    names.entry(p.clone()).or_default();
+                    (p, None)
+                }
+                Entry::File(p, len) => (p, Some(len)),
+            };
+            if let Some(len) = len {
+                files += 1;
+                inline_files += usize::from(len <= 128);
+            }
+            if let Some((parent, name)) = path.rsplit_once('/') {
+                names.get_mut(parent).unwrap_or_else(|| panic!("{path} before its directory")).push(name.into());
+                nested += usize::from(parent.contains('/'));
+            }
+        }
+        assert_eq!(names.len(), 2_000);
+        for (dir, entries) in &names {
+            assert!(entries.len() as u64 <= INLINE_DIR_ENTRIES, "{dir}: {entries:?}");
+            // First fit of the entries, in creation order, into i_block's 56
+            // bytes after the parent, then into the xattr's 68.
+            let (mut in_block, mut in_xattr) = (0, 0);
+            for name in entries {
+                let len = entry_bytes(name);
+                if in_xattr == 0 && in_block + len <= 56 {
+                    in_block += len;
+                } else {
+                    in_xattr += len;
+                }
+            }
+            assert!(in_xattr <= 68, "{dir}: {entries:?}");
+        }
+        // Nested like a source tree, not a flat fan; some files inline, most
+        // of the rest in blocks.
+        assert!(nested > 1_500, "{nested}");
+        assert!(inline_files > files / 2 && inline_files < files * 3 / 4, "{inline_files} of {files}");
     }
 }

@@ -363,12 +363,25 @@ fn bench_rmtree_runs_every_deletion_order() {
 /// Seed 004's find and space workloads on images with inline_data, the
 /// kernel beside itself on an image without it (`features=^inline_data`).
 /// The kernel keeps the tree's files under 60 bytes in their inodes: it uses
-/// fewer blocks with the feature than without.
+/// fewer blocks with the feature than without; and on the tree whose every
+/// directory fits its inode (`inline-find-small`), its cold find reads the
+/// device fewer times with the feature than without.
 #[test]
 fn bench_inline_find_and_space_compare_images_with_and_without_the_feature() {
     let targets = "uext4,uext4:inline_data=off,kernel,kernel:features=^inline_data";
-    let Some((json, markdown)) = tiny_bench(&["inline-find", "inline-space"], targets) else { return };
+    let Some((json, markdown)) = tiny_bench(&["inline-find", "inline-find-small", "inline-space"], targets) else {
+        return;
+    };
     let ran = measured(&json, &["uext4", "uext4:inline_data=off", "kernel", "kernel:features=^inline_data"]);
+    let find_reads = |target: &str| {
+        let s = json["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["workload"] == "inline-find-small" && s["target"] == target && s["phase"] == "find -name a")
+            .unwrap_or_else(|| panic!("no inline-find-small sample of {target}"));
+        s["device"]["reads"].as_u64().unwrap_or_else(|| panic!("{s}"))
+    };
     let space = |target: &str| {
         let s = json["samples"]
             .as_array()
@@ -382,12 +395,15 @@ fn bench_inline_find_and_space_compare_images_with_and_without_the_feature() {
     };
     for &target in &ran {
         assert_eq!(phases_of(&json, "inline-find", target), ["find -name a", "lookup a"], "{target}");
+        assert_eq!(phases_of(&json, "inline-find-small", target), ["find -name a", "lookup a"], "{target}");
+        assert!(find_reads(target) > 0, "{target}");
         assert_eq!(phases_of(&json, "inline-space", target), ["create"], "{target}");
         assert!(markdown.contains(&format!("| find -name a | {target} |")), "{markdown}");
         space(target);
     }
     if ran.contains(&"kernel") {
         assert!(space("kernel") < space("kernel:features=^inline_data"), "{json}");
+        assert!(find_reads("kernel") < find_reads("kernel:features=^inline_data"), "{json}");
     }
     assert!(markdown.contains("Space (dumpe2fs after the run"), "{markdown}");
     // Only the space workload measures space.
