@@ -5,9 +5,12 @@
 //! touches the inode table at random; once the table no longer fits in the
 //! cache every block is written out and read back several times. Here each
 //! pass over a directory keeps the `CHUNK_ENTRIES` entries with the lowest
-//! inode numbers (a bounded max-heap), and removes them in ascending inode
-//! order, so inode-table blocks, bitmaps and group descriptors are met in
-//! order and each is dirtied once per transaction for many inodes.
+//! inode numbers (a bounded max-heap) and removes them window by window: a
+//! window is the entries whose inodes lie in the next eighth-of-the-cache of
+//! inode-table blocks (read ahead in table order, then kept in the cache), and
+//! within it names go in the order of the directory blocks they were seen in,
+//! so each table block and each directory leaf is dirtied about once per window
+//! instead of once per transaction.
 //!
 //! Invariants:
 //! - Memory is bounded for any directory size and depth: a pass holds at most
@@ -33,8 +36,8 @@
 //!   (which then finds it not empty and the directory gets another pass) or
 //!   fails with ENOENT (`require_live_dir`); lookups see each name removed
 //!   whole, as with unlink.
-//! - I/O: on an inode-table miss the aligned 32-block run around the block is
-//!   read in one request (`read_ahead_inode`), as the batch will use it whole.
+//! - I/O: before a window, its table blocks are read in aligned 32-block runs,
+//!   one request each (`read_ahead_inode`), as the window uses them whole.
 //! - Hard links: an inode with names elsewhere only loses a link; shared
 //!   xattr blocks lose one reference per inode freed (`release_inode`).
 
@@ -226,20 +229,21 @@ impl Filesystem {
             // (and entries without a type) go in batches, which hand back
             // what turns out to be a directory.
             let mut subdirs = Vec::new();
-            let mut others = Vec::with_capacity(chunk.len().min(BATCH_NAMES));
-            let mut chunk = chunk.into_iter().peekable();
-            while chunk.peek().is_some() {
-                others.clear();
-                while others.len() < BATCH_NAMES {
-                    let Some(e) = chunk.next() else { break };
-                    if e.file_type == EXT4_FT_DIR {
-                        subdirs.push((e.ino, e.name));
-                    } else {
-                        others.push(e);
-                    }
+            let mut others = Vec::with_capacity(chunk.len());
+            for (e, lblk) in chunk {
+                if e.file_type == EXT4_FT_DIR {
+                    subdirs.push((e.ino, e.name));
+                } else {
+                    others.push((e, lblk));
                 }
-                if !others.is_empty() {
-                    subdirs.extend(self.remove_names_batch(dir, &others, &mut stats, kept_links)?);
+            }
+            for window in self.table_windows(others) {
+                // The window's table blocks in runs, in table order, before any lock.
+                let mut inos: Vec<u32> = window.iter().map(|e| e.ino).collect();
+                inos.sort_unstable();
+                inos.into_iter().for_each(|ino| self.read_ahead_inode(ino));
+                for batch in window.chunks(BATCH_NAMES) {
+                    subdirs.extend(self.remove_names_batch(dir, batch, &mut stats, kept_links)?);
                     report(&stats)?;
                 }
             }
@@ -252,43 +256,85 @@ impl Filesystem {
         Ok(stats)
     }
 
+    /// Splits `entries` (ascending inode) into windows whose inodes lie in at
+    /// most `window_table_blocks()` inode-table blocks, and orders each window by the
+    /// directory block its entry was seen in (then by inode). Removing a window
+    /// in that order dirties each directory leaf once per window rather than
+    /// once per batch — in an htree, names in inode order lie in leaves all over
+    /// the directory, and a leaf logged by every commit is what filled the
+    /// journal — while the window's table blocks stay in the cache.
+    fn table_windows(&self, entries: Vec<(DirEntryOwned, u32)>) -> Vec<Vec<DirEntryOwned>> {
+        let per_block = (self.vol.geo.block_size / self.vol.geo.inode_size).max(1) as u32;
+        let span = self.window_table_blocks();
+        let mut windows: Vec<Vec<(DirEntryOwned, u32)>> = Vec::new();
+        let mut first_block = None;
+        for (e, lblk) in entries {
+            let block = (e.ino.saturating_sub(1) / per_block) as u64;
+            match first_block {
+                Some(first) if block < first + span => {}
+                _ => {
+                    first_block = Some(block);
+                    windows.push(Vec::new());
+                }
+            }
+            if let Some(w) = windows.last_mut() {
+                w.push((e, lblk));
+            }
+        }
+        windows
+            .into_iter()
+            .map(|mut w| {
+                w.sort_by_key(|(e, lblk)| (*lblk, e.ino));
+                w.into_iter().map(|(e, _)| e).collect()
+            })
+            .collect()
+    }
+
+    /// Inode-table blocks one window spans: an eighth of the cache, so that the
+    /// window's table blocks, the leaves it dirties and the journal's pinned
+    /// copies fit together.
+    fn window_table_blocks(&self) -> u64 {
+        (self.vol.cache.capacity() as u64 / 8).max(1)
+    }
+
     /// The (at most) `limit` entries of `dir` with the lowest inode numbers,
     /// ascending, "." and ".." left out. One pass over the directory under its
     /// structure read lock; memory stays at `limit` entries plus one block's.
-    fn lowest_entries(&self, dir: u32, limit: usize) -> Result<Vec<DirEntryOwned>> {
+    fn lowest_entries(&self, dir: u32, limit: usize) -> Result<Vec<(DirEntryOwned, u32)>> {
         let _structure = self.dir_structure.read(dir as u64);
         let inode = self.require_dir(dir)?;
         if inode.i_links_count == 0 {
             return Err(Self::removed_dir_error(dir));
         }
-        let mut heap: BinaryHeap<(u32, Vec<u8>, u8)> = BinaryHeap::new();
-        let mut keep = |e: DirEntryOwned| {
+        let mut heap: BinaryHeap<(u32, Vec<u8>, u8, u32)> = BinaryHeap::new();
+        let mut keep = |e: DirEntryOwned, lblk: u32| {
             if e.name == b"." || e.name == b".." {
                 return;
             }
-            heap.push((e.ino, e.name, e.file_type));
+            heap.push((e.ino, e.name, e.file_type, lblk));
             if heap.len() > limit {
                 heap.pop();
             }
         };
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
-            self.read_inline_dir(dir, &inode)?.into_iter().for_each(&mut keep);
+            self.read_inline_dir(dir, &inode)?.into_iter().for_each(|e| keep(e, 0));
         } else {
             let mut block = Vec::new();
             for lblk in 0..self.dir_blocks(dir, &inode)? {
                 let buf = self.dir_block(dir, &inode, lblk)?;
                 self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
-                block.drain(..).for_each(&mut keep);
+                let lblk = u32::try_from(lblk).unwrap_or(u32::MAX);
+                block.drain(..).for_each(|e| keep(e, lblk));
             }
         }
         Ok(heap
             .into_sorted_vec()
             .into_iter()
-            .map(|(ino, name, file_type)| DirEntryOwned { ino, file_type, name })
+            .map(|(ino, name, file_type, lblk)| (DirEntryOwned { ino, file_type, name }, lblk))
             .collect())
     }
 
-    /// Removes the names of `batch` (entries of `dir`, ascending inode) that
+    /// Removes the names of `batch` (entries of `dir`, one window's, in directory-block order) that
     /// still name the inode the pass saw, in one handle. Returns those that
     /// turned out to be directories, untouched.
     fn remove_names_batch(
@@ -303,10 +349,6 @@ impl Filesystem {
         // Told to `kept_links` once the locks are dropped: a caller may take
         // its own locks there, and call the library under them.
         let mut kept = Vec::new();
-        // Inode-table blocks in runs, before any lock: the batch is in inode order.
-        for e in batch {
-            self.read_ahead_inode(e.ino);
-        }
         {
             let keys: Vec<(u32, &[u8])> = batch.iter().map(|e| (dir, e.name.as_slice())).collect();
             let names = self.lock_names(&keys)?;
