@@ -460,9 +460,12 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         m.file_type().is_block_device()
     });
     let fresh = !matches!(is_block_device, Ok(true));
-    // A refused size must leave an existing file as it was.
+    // A refused request (size, features, block size, layout) must leave an
+    // existing file as it was, so everything that can refuse without the
+    // device runs before the file is opened, let alone truncated.
     if fresh {
         check_size(opts.size)?;
+        plan(opts, &apply_features(&opts.features)?)?;
     }
     // Before the truncation below destroys what a mount is using.
     crate::dev::check_unused(path)?;

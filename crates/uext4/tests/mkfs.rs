@@ -111,6 +111,8 @@ fn sizes_from_8_mib_to_1_tib_pass_e2fsck() {
 fn bad_requests_are_refused_with_a_reason() {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("x.img");
+    // Every refusal comes before the file is opened: what it held stays.
+    std::fs::write(&image, b"precious bytes").unwrap();
     let try_make = |size: u64, features: &[&str], bs: Option<u32>| {
         let opts = MkfsOptions {
             size,
@@ -126,6 +128,8 @@ fn bad_requests_are_refused_with_a_reason() {
     assert!(try_make(64 * MIB, &["no_such_feature"], None).unwrap().contains("no_such_feature"));
     assert!(try_make(64 * MIB, &[], Some(3000)).unwrap().contains("block size"));
     assert!(try_make(64 * MIB, &["^extent", "64bit"], None).unwrap().contains("64bit needs"));
+    let kept = std::fs::read(&image).unwrap();
+    assert!(kept == b"precious bytes", "a refused mkfs changed the file ({} bytes now)", kept.len());
 }
 
 #[test]

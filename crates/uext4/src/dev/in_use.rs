@@ -160,7 +160,15 @@ pub(crate) fn examine(file: &File, exclusive: bool) -> Result<Users> {
         }
         taken
     } else {
-        let taken = lock_taken(file, libc::LOCK_SH)?;
+        // The same short grace as above for a lock held only by a forked
+        // child that has not exec'd yet (mkfs's probe met one in CI).
+        let mut taken = lock_taken(file, libc::LOCK_SH)?;
+        let mut tries = 0;
+        while taken && tries < LOCK_RETRIES && mounted_by(&me).is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            taken = lock_taken(file, libc::LOCK_SH)?;
+            tries += 1;
+        }
         if !taken {
             // Only a probe: a reader must not keep a writer out.
             // SAFETY: flock on a descriptor we own.
