@@ -66,6 +66,8 @@ pub struct ClassFigures {
     pub read_blocks: u64,
     pub writes: u64,
     pub write_blocks: u64,
+    /// Modelled rotating-disk seconds of this class's requests.
+    pub hdd_s: f64,
 }
 
 /// Seconds the phase's requests would take on the model disks.
@@ -113,6 +115,7 @@ impl DeviceFigures {
                             read_blocks: c.read_blocks,
                             writes: c.writes,
                             write_blocks: c.write_blocks,
+                            hdd_s: m.class_hdd_s(class),
                         },
                     );
                 }

@@ -73,6 +73,9 @@ pub struct IoReport {
     /// Modelled seconds on the rotating disk and on the SSD.
     pub hdd_s: f64,
     pub ssd_s: f64,
+    /// `hdd_s` split by the class each request counted under (`IoClass::ALL`
+    /// order): where a phase's modelled time goes.
+    pub hdd_s_by_class: [f64; 8],
 }
 
 impl IoReport {
@@ -80,12 +83,19 @@ impl IoReport {
         self.by_class[class.index()]
     }
 
+    /// Modelled rotating-disk seconds of the requests counted under `class`.
+    pub fn class_hdd_s(&self, class: IoClass) -> f64 {
+        self.hdd_s_by_class[class.index()]
+    }
+
     /// What happened between `earlier` and this report (the epoch's distinct
     /// inode-table blocks are this report's own).
     pub fn since(&self, earlier: &IoReport) -> IoReport {
         let mut by_class = [ClassCount::default(); 8];
-        for (i, c) in by_class.iter_mut().enumerate() {
-            *c = self.by_class[i].minus(earlier.by_class[i]);
+        let mut hdd_s_by_class = [0.0; 8];
+        for i in 0..8 {
+            by_class[i] = self.by_class[i].minus(earlier.by_class[i]);
+            hdd_s_by_class[i] = self.hdd_s_by_class[i] - earlier.hdd_s_by_class[i];
         }
         IoReport {
             by_class,
@@ -99,6 +109,7 @@ impl IoReport {
             itable_blocks_written: self.itable_blocks_written,
             hdd_s: self.hdd_s - earlier.hdd_s,
             ssd_s: self.ssd_s - earlier.ssd_s,
+            hdd_s_by_class,
         }
     }
 }
@@ -224,7 +235,9 @@ impl IoModel {
                 st.report.itable_blocks_written += 1;
             }
         }
-        st.report.hdd_s += st.hdd.serve(direction, offset, len);
+        let hdd_s = st.hdd.serve(direction, offset, len);
+        st.report.hdd_s += hdd_s;
+        st.report.hdd_s_by_class[main] += hdd_s;
         st.report.ssd_s += st.ssd.serve(direction, offset, len);
     }
 
