@@ -33,8 +33,10 @@
 //! committed before the abort.
 //!
 //! Invariants: the journal superblock's s_start is 0 exactly when no committed
-//! transaction awaits checkpoint, and the ext4 superblock says needs_recovery in
-//! the same cases. A block freed while the live log or the committing transaction
+//! transaction awaits checkpoint, and the ext4 superblock says needs_recovery
+//! whenever it is not 0; the flag stays set over an empty log after the
+//! journal thread's checkpoints (as the kernel keeps it while mounted) and is
+//! cleared by `checkpoint_all` (sync, close). A block freed while the live log or the committing transaction
 //! holds a copy of it is revoked by the freeing transaction, and from its commit on
 //! that copy is never written home; dirtying it again cancels the revoke, as jbd2
 //! does. Blocks a transaction freed are not handed out again until it commits
@@ -140,6 +142,11 @@ struct LogState {
     sequence: u32,
     /// Where the oldest committed, not yet checkpointed transaction starts.
     live_from: Option<u32>,
+    /// Whether this journal last wrote needs_recovery home as set. It stays set
+    /// over an empty log after a background checkpoint (the kernel keeps it set
+    /// while mounted): clearing it there and setting it again at the next
+    /// commit cost two superblock writes and flushes per checkpoint.
+    recovery_flag_home: bool,
     /// The newest committed copy of every block awaiting checkpoint.
     checkpoint: BTreeMap<u64, (Arc<Buffer>, Box<[u8]>)>,
     stats: JournalStats,
@@ -308,6 +315,7 @@ impl Journal {
                 jsb,
                 last,
                 live_from: None,
+                recovery_flag_home: false,
                 checkpoint: BTreeMap::new(),
                 stats: JournalStats::default(),
             }),
@@ -438,7 +446,7 @@ impl Journal {
     pub(crate) fn checkpoint_all(&self) -> Result<()> {
         self.commit_all()?;
         let mut log = self.log.lock();
-        self.checkpoint_locked(&mut log, &[])
+        self.checkpoint_locked(&mut log, &[], FlagAfter::Clear)
     }
 
     /// A block was freed: copies of it in the live log (or in the transaction
@@ -585,7 +593,7 @@ impl Journal {
                 result = self.commit_running(&mut log);
             }
             if result.is_ok() && checkpoint {
-                result = self.checkpoint_locked(&mut log, &[]);
+                result = self.checkpoint_locked(&mut log, &[], FlagAfter::Keep);
             }
             drop(log);
             if let Err(e) = result {
@@ -670,7 +678,7 @@ impl Journal {
         if needed + 1 > (log.len() - log.used()) as usize {
             // The committing transaction's own blocks stay known as logged: a free
             // of one of them must still be revoked.
-            self.checkpoint_locked(log, copies)?;
+            self.checkpoint_locked(log, copies, FlagAfter::Keep)?;
         }
         if needed + 1 > log.len() as usize {
             // Handles wait at half the log, so only a single handle larger than
@@ -706,11 +714,15 @@ impl Journal {
             blocks.push(build_revoke(&jsb, sequence, chunk));
         }
         let mut at = self.write_log(log, start, &blocks)?;
-        if log.live_from.is_none() {
-            // The log becomes live: recovery must find it from here. The flag goes
-            // first: a live log without it is discarded by the kernel and refused
-            // by e2fsck, while the flag over an empty log is harmless.
+        if !log.recovery_flag_home {
+            // The flag goes before the log is live: a live log without it is
+            // discarded by the kernel and refused by e2fsck, while the flag over
+            // an empty log is harmless.
             self.owner.set_needs_recovery(true)?;
+            log.recovery_flag_home = true;
+        }
+        if log.live_from.is_none() {
+            // The log becomes live: recovery must find it from here.
             log.jsb.s_start = start;
             log.jsb.s_sequence = sequence;
             self.write_jblock(0, &log.jsb.to_bytes())?;
@@ -733,12 +745,18 @@ impl Journal {
         Ok(())
     }
 
-    /// Writes every committed copy home and empties the log. The caller holds the
-    /// log; `committing` is the transaction it is about to write (if any), whose
-    /// blocks stay in `in_log`. A failed write aborts the journal.
-    fn checkpoint_locked(&self, log: &mut LogState, committing: &[(Arc<Buffer>, Box<[u8]>)]) -> Result<()> {
+    /// Writes every committed copy home and empties the log, then clears
+    /// needs_recovery if `flag` says so. The caller holds the log; `committing`
+    /// is the transaction it is about to write (if any), whose blocks stay in
+    /// `in_log`. A failed write aborts the journal.
+    fn checkpoint_locked(
+        &self,
+        log: &mut LogState,
+        committing: &[(Arc<Buffer>, Box<[u8]>)],
+        flag: FlagAfter,
+    ) -> Result<()> {
         if log.live_from.is_none() {
-            return Ok(());
+            return self.clear_recovery_flag(log, flag);
         }
         if let Some(why) = &self.state.lock().aborted {
             return Err(io_error(why));
@@ -751,6 +769,10 @@ impl Journal {
         log.checkpoint.clear();
         log.live_from = None;
         log.stats.checkpoints += 1;
+        if let Err(e) = self.clear_recovery_flag(log, flag) {
+            self.abort(&format!("checkpoint failed: {e}"));
+            return Err(e);
+        }
         let mut st = self.state.lock();
         st.in_log.clear();
         st.in_log.extend(committing.iter().map(|(b, _)| b.block));
@@ -787,9 +809,26 @@ impl Journal {
         log.jsb.s_start = 0;
         log.jsb.s_sequence = log.sequence;
         self.write_jblock(0, &log.jsb.to_bytes())?;
-        dev.flush()?;
-        self.owner.set_needs_recovery(false)
+        dev.flush()
     }
+
+    /// Clears needs_recovery over an empty log when `flag` asks for it.
+    fn clear_recovery_flag(&self, log: &mut LogState, flag: FlagAfter) -> Result<()> {
+        if flag == FlagAfter::Clear && log.recovery_flag_home && log.live_from.is_none() {
+            self.owner.set_needs_recovery(false)?;
+            log.recovery_flag_home = false;
+        }
+        Ok(())
+    }
+}
+
+/// What a checkpoint does with needs_recovery once the log is empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlagAfter {
+    /// Leave it set: a background checkpoint, with more commits to come.
+    Keep,
+    /// Clear it: a sync or close, after which the image needs no journal.
+    Clear,
 }
 
 #[cfg(test)]
@@ -884,6 +923,39 @@ mod tests {
         assert!(home.iter().all(|&b| b == 0xBB), "checkpoint writes the newest committed copy home");
         assert_eq!(replay(&dev).transactions, 0, "the log is empty after a checkpoint");
         assert_eq!(*owner.recover_flag.lock(), [true, false]);
+        journal.shutdown();
+    }
+
+    #[test]
+    fn needs_recovery_stays_set_between_background_checkpoints_and_a_sync_clears_it() {
+        let dev = device();
+        let owner = Arc::new(Recorder::default());
+        let (cache, journal) = load(&dev, &owner);
+        // Commits of 8 blocks each until the journal thread has checkpointed
+        // (half the 64-block log, or a quarter of the 1 MiB cache, pinned).
+        let mut rounds = 0;
+        while journal.stats().checkpoints < 2 {
+            rounds += 1;
+            assert!(rounds < 100, "no background checkpoint after {rounds} commits");
+            let tid = {
+                let joined = journal.join(8).unwrap();
+                for block in 10..18 {
+                    let buf = cache.get(block).unwrap();
+                    buf.write().fill(rounds as u8);
+                    journal.dirtied(&buf);
+                }
+                joined.tid
+            };
+            journal.wait_committed(tid).unwrap();
+        }
+        assert_eq!(*owner.recover_flag.lock(), [true], "set once, before the first commit; never cleared in between");
+        journal.checkpoint_all().unwrap();
+        assert_eq!(*owner.recover_flag.lock(), [true, false], "a sync empties the log and clears the flag");
+        journal.checkpoint_all().unwrap();
+        assert_eq!(*owner.recover_flag.lock(), [true, false], "nothing to clear twice");
+        let mut home = vec![0u8; BS];
+        dev.read_at(17 * BS as u64, &mut home).unwrap();
+        assert!(home.iter().all(|&b| b == rounds as u8));
         journal.shutdown();
     }
 

@@ -151,7 +151,7 @@ impl Filesystem {
     /// With a journal the staged copy says needs_recovery: it reaches the disk only
     /// through the log, by replay or by a checkpoint, both while the log is live —
     /// a checkpoint writing it home before the log is emptied must not clear the
-    /// flag under a live log (the checkpoint's end clears it).
+    /// flag under a live log (a sync or close clears it once the log is empty).
     pub(crate) fn stage_superblock(&self, tx: &mut Handle, sb: &Superblock) -> Result<()> {
         let bytes = if self.vol.journal().is_some() && !sb.has_incompat(INCOMPAT_RECOVER) {
             let mut logged = sb.clone();
