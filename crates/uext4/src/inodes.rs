@@ -13,6 +13,7 @@ use crate::format::group_desc::{GdCsum, EXT4_BG_INODE_UNINIT};
 use crate::format::inode::Inode;
 use crate::fs::{Filesystem, INODE_CACHE_SHARDS};
 use crate::journal::handle::Handle;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Filesystem {
@@ -53,24 +54,32 @@ impl Filesystem {
     /// request: remove_tree walks the table in order, so the run is used whole.
     /// Only a hint: errors are left for the read that needs the block.
     pub(crate) fn read_ahead_inode(&self, ino: u32) {
+        if let Some(end) = self.read_ahead_inode_run(ino) {
+            self.itable_miss_end.store(end, Ordering::Relaxed);
+        }
+    }
+
+    /// `read_ahead_inode`'s work; returns the block just past the run read.
+    fn read_ahead_inode_run(&self, ino: u32) -> Option<u64> {
         if ino == 0 || ino > self.vol.geo.inodes_count {
-            return;
+            return None;
         }
         let group = (ino - 1) / self.vol.geo.inodes_per_group;
         let index = (ino - 1) % self.vol.geo.inodes_per_group;
         let gd = self.vol.groups[group as usize].read().clone();
         if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 && self.vol.geo.gd_csum != GdCsum::None {
-            return;
+            return None;
         }
         let bs = self.vol.geo.block_size as u64;
         let table_blocks = (self.vol.geo.inodes_per_group as u64 * self.vol.geo.inode_size as u64).div_ceil(bs);
         let rel = index as u64 * self.vol.geo.inode_size as u64 / bs;
         if self.vol.cache.holds(gd.bg_inode_table + rel) {
-            return;
+            return None;
         }
         let first = rel / Self::INODE_READ_AHEAD_BLOCKS * Self::INODE_READ_AHEAD_BLOCKS;
         let count = Self::INODE_READ_AHEAD_BLOCKS.min(table_blocks - first);
-        let _ = self.vol.cache.read_ahead(gd.bg_inode_table + first, count as usize);
+        self.vol.cache.read_ahead(gd.bg_inode_table + first, count as usize).ok()?;
+        Some(gd.bg_inode_table + first + count)
     }
 
     /// Parses an inode from its table block and caches it while still holding the
@@ -89,6 +98,16 @@ impl Filesystem {
         let byte = index as u64 * self.vol.geo.inode_size as u64;
         let block = gd.bg_inode_table + byte / self.vol.geo.block_size as u64;
         let off = (byte % self.vol.geo.block_size as u64) as usize;
+        if !self.vol.cache.holds(block) {
+            // A miss where the last one's read ended is a walk in table order
+            // (unlinking names sorted by inode, as GNU rm does for big
+            // directories): read the rest of the run in one request, as the
+            // kernel's inode_readahead_blks does. Random misses read one block.
+            let sequential = self.itable_miss_end.swap(block + 1, Ordering::Relaxed) == block;
+            if sequential {
+                self.read_ahead_inode(ino);
+            }
+        }
         let buf = self.vol.cache.get(block)?;
         let data = buf.read();
         let slot = &data[off..off + self.vol.geo.inode_size];

@@ -429,3 +429,51 @@ fn placement_options_parse_and_report() {
     );
     assert!(matches!(too_big, Err(Error::Invalid(ref m)) if m.contains("dir_ireserve")), "{:?}", too_big.err());
 }
+
+/// Inode-table reads: a walk in table order (what GNU rm does for a big
+/// directory, sorting by inode) reads ahead in 32-block runs; misses at random
+/// read one block each, so a cache that thrashes does not read more than it
+/// uses. Counted at the device.
+#[test]
+fn inode_table_walks_in_order_read_ahead_and_random_misses_do_not() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("fs.img");
+    mkfs(&image, &["-b", "4096", "-N", "16384", "-O", "^inline_data"], "256M");
+    let inos: Vec<u32> = {
+        let fs = open(&image, DirReserve::Off, false);
+        let dir = fs.mkdir(ROOT_INO, b"many", 0o755, ROOT).unwrap().ino;
+        let inos = (0..8000).map(|i| fs.create(dir, format!("f{i}").as_bytes(), 0o644, ROOT).unwrap().ino).collect();
+        fs.sync().unwrap();
+        inos
+    };
+    // 8,000 inodes of 256 bytes: 500 table blocks, twice what a 1 MiB cache holds.
+    let reads = |order: &[u32]| {
+        let opts = Options { read_only: true, cache_mb: 1, ..Options::default() };
+        let fs = Filesystem::open(&image, opts).unwrap();
+        let before = fs.cache().device().stats();
+        for &ino in order {
+            assert_eq!(fs.stat(ino).unwrap().ino, ino);
+        }
+        let after = fs.cache().device().stats();
+        (after.reads - before.reads, (after.read_bytes - before.read_bytes) / 4096)
+    };
+    let mut sorted = inos.clone();
+    sorted.sort_unstable();
+    let (requests, blocks) = reads(&sorted);
+    assert!(blocks >= 500, "every table block is read ({blocks})");
+    assert!(requests <= 40, "in table order, {requests} requests for {blocks} blocks: no read-ahead");
+    let mut shuffled = sorted.clone();
+    let mut rng = Rng(42);
+    for i in (1..shuffled.len()).rev() {
+        shuffled.swap(i, rng.below(i + 1));
+    }
+    let (requests, blocks) = reads(&shuffled);
+    assert!(requests > 500, "at random most misses are their own request ({requests})");
+    assert!(
+        blocks <= requests + requests / 8,
+        "at random {blocks} blocks for {requests} requests: read-ahead on random misses"
+    );
+}

@@ -37,7 +37,8 @@
 //!   fails with ENOENT (`require_live_dir`); lookups see each name removed
 //!   whole, as with unlink.
 //! - I/O: before a window, its table blocks are read in aligned 32-block runs,
-//!   one request each (`read_ahead_inode`), as the window uses them whole.
+//!   one request each (`read_ahead_inode`), as the window uses them whole; a
+//!   pass reads the directory in runs of `DIR_READ_AHEAD_BLOCKS` the same way.
 //! - Hard links: an inode with names elsewhere only loses a link; shared
 //!   xattr blocks lose one reference per inode freed (`release_inode`).
 
@@ -320,7 +321,12 @@ impl Filesystem {
             self.read_inline_dir(dir, &inode)?.into_iter().for_each(|e| keep(e, 0));
         } else {
             let mut block = Vec::new();
-            for lblk in 0..self.dir_blocks(dir, &inode)? {
+            let blocks = self.dir_blocks(dir, &inode)?;
+            let ahead = Self::DIR_READ_AHEAD_BLOCKS;
+            for lblk in 0..blocks {
+                if lblk.is_multiple_of(ahead) {
+                    self.read_ahead_dir(dir, &inode, lblk, ahead.min(blocks - lblk));
+                }
                 let buf = self.dir_block(dir, &inode, lblk)?;
                 self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
                 let lblk = u32::try_from(lblk).unwrap_or(u32::MAX);
