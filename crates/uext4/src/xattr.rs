@@ -320,7 +320,7 @@ impl Filesystem {
             let blk = match reuse {
                 Some(b) => b,
                 None => {
-                    let (b, _) = self.alloc.alloc_blocks(&mut tx, self.inode_goal(ino), 1)?;
+                    let (b, _) = self.alloc.alloc_blocks(&mut tx, self.inode_goal(ino, inode.is_reg()), 1)?;
                     inode.i_blocks += sectors;
                     b
                 }

@@ -430,6 +430,72 @@ fn placement_options_parse_and_report() {
     assert!(matches!(too_big, Err(Error::Invalid(ref m)) if m.contains("dir_ireserve")), "{:?}", too_big.err());
 }
 
+/// The physical blocks debugfs lists for `path` in `image`.
+fn debugfs_blocks(image: &Path, path: &str) -> Vec<u64> {
+    let out = oracle::run(Command::new("debugfs").arg("-R").arg(format!("blocks {path}")).arg(image));
+    // Its banner ("debugfs 1.47.0") may come with the list.
+    out.lines()
+        .filter(|l| !l.starts_with("debugfs"))
+        .flat_map(|l| l.split_whitespace())
+        .map(|b| b.parse().unwrap())
+        .collect()
+}
+
+/// Placement by flex group, as the kernel's ext4 does it: a top-level
+/// directory goes to the first group of the flex group Orlov picks
+/// (find_group_orlov counts free inodes, free blocks and directories per flex
+/// group), and first blocks follow ext4_inode_to_goal_block: a directory's in
+/// the first group of its flex group, a regular file's in the second. Judged
+/// by debugfs's view of the image, then e2fsck.
+#[test]
+fn top_level_directories_and_first_blocks_follow_the_kernels_flex_group_rules() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("fs.img");
+    // Eight groups of 32,768 blocks in two flex groups of four.
+    mkfs(&image, &["-b", "4096", "-G", "4", "-O", "^inline_data"], "1G");
+    let (ipg, bpg) = {
+        let fs = open(&image, DirReserve::Off, false);
+        let geo = fs.geometry();
+        assert_eq!((geo.group_count, geo.groups_per_flex), (8, 4), "the image this test needs");
+        let dirs: Vec<u32> =
+            (0..6).map(|d| fs.mkdir(ROOT_INO, format!("top{d}").as_bytes(), 0o755, ROOT).unwrap().ino).collect();
+        let ipg = geo.inodes_per_group;
+        for (d, &ino) in dirs.iter().enumerate() {
+            let group = (ino - 1) / ipg;
+            assert_eq!(group % 4, 0, "top{d} (inode {ino}) is in group {group}, not the first of a flex group");
+        }
+        let file = fs.create(dirs[0], b"file", 0o644, ROOT).unwrap().ino;
+        fs.write(file, 0, &[7u8; 8192]).unwrap();
+        fs.mkdir(dirs[0], b"sub", 0o755, ROOT).unwrap();
+        fs.symlink(dirs[0], b"link", &[b'x'; 100], ROOT).unwrap();
+        fs.sync().unwrap();
+        (ipg, geo.blocks_per_group as u64)
+    };
+    let top0 = u32::try_from(
+        oracle::run(Command::new("debugfs").args(["-R", "stat /top0"]).arg(&image))
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap(),
+    )
+    .unwrap();
+    let flex_first = (top0 - 1) / ipg / 4 * 4;
+    for (path, group) in
+        [("/top0", flex_first), ("/top0/sub", flex_first), ("/top0/link", flex_first), ("/top0/file", flex_first + 1)]
+    {
+        let blocks = debugfs_blocks(&image, path);
+        assert!(!blocks.is_empty(), "{path} has blocks");
+        for b in blocks {
+            assert_eq!(b / bpg, group as u64, "{path}: block {b} is outside group {group}");
+        }
+    }
+    oracle::assert_e2fsck_clean(&image);
+}
+
 /// Inode-table reads: a walk in table order (what GNU rm does for a big
 /// directory, sorting by inode) reads ahead in 32-block runs; misses at random
 /// read one block each, so a cache that thrashes does not read more than it

@@ -172,12 +172,26 @@ impl Filesystem {
                 return Ok(p + 1);
             }
         }
-        Ok(self.inode_goal(dir))
+        Ok(self.inode_goal(dir, false))
     }
 
-    /// The first block of an inode's group: the goal for a file's first data.
-    pub(crate) fn inode_goal(&self, ino: u32) -> u64 {
-        self.vol.group_first_block((ino - 1) / self.vol.geo.inodes_per_group)
+    /// Where an inode's first block goes, by the kernel's rule
+    /// (`ext4_inode_to_goal_block`, as under delalloc, without the per-process
+    /// colour): with flex groups of at least 4 groups, the first block of the
+    /// inode's flex group for directories, symlinks and xattr blocks of
+    /// anything but a regular file — beside the flex group's bitmaps and inode
+    /// tables, so directories cluster and a tree walk seeks less — and of its
+    /// second group for regular files. Without flex_bg, the inode's own group.
+    pub(crate) fn inode_goal(&self, ino: u32, regular: bool) -> u64 {
+        let geo = &self.vol.geo;
+        let mut group = (ino - 1) / geo.inodes_per_group;
+        if geo.groups_per_flex >= 4 {
+            group &= !(geo.groups_per_flex - 1);
+            if regular {
+                group += 1;
+            }
+        }
+        self.vol.group_first_block(group.min(geo.group_count - 1))
     }
 
     /// Removes `name` from `dir`; returns the inode it named.

@@ -241,7 +241,7 @@ impl Filesystem {
         }
         match &link.holder {
             Some(buf) => buf.block,
-            None => self.inode_goal(ino),
+            None => self.inode_goal(ino, inode.is_reg()),
         }
     }
 

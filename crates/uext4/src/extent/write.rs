@@ -454,7 +454,7 @@ impl Filesystem {
         if grown < path[level].items.len() && path[0].depth > 0 {
             self.extent_compact.lock().insert(ino);
         }
-        let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino));
+        let goal = path[level].block.unwrap_or_else(|| self.inode_goal(ino, inode.is_reg()));
         let mut new_blocks = self.alloc_tree_blocks(tx, goal, splits)?;
         inode.i_blocks += splits as u64 * self.sectors_per_block();
         let last = (at + items.len()).saturating_sub(1);
@@ -702,7 +702,7 @@ impl Filesystem {
         }
         let mut blocks = old_nodes;
         let extra = needed.saturating_sub(blocks.len());
-        let goal = blocks.last().copied().unwrap_or_else(|| self.inode_goal(ino));
+        let goal = blocks.last().copied().unwrap_or_else(|| self.inode_goal(ino, inode.is_reg()));
         blocks.extend(self.alloc_tree_blocks(tx, goal, extra)?);
         let spare = blocks.split_off(needed);
         let spb = self.sectors_per_block();

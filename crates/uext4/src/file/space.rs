@@ -162,7 +162,7 @@ impl Filesystem {
     fn preallocate(&self, ino: u32, first: u64, end: u64, grow_to: Option<u64>) -> Result<()> {
         let bs = self.vol.geo.block_size as u64;
         let mut lblk = first;
-        let mut goal = self.inode_goal(ino);
+        let mut goal = self.inode_goal(ino, true);
         while lblk < end {
             let mut tx = self.begin(32)?;
             let mut inode = (*self.inode(ino)?).clone();

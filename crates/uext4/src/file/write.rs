@@ -146,9 +146,9 @@ impl Filesystem {
                         let goal = match lblk.checked_sub(1) {
                             Some(prev) => match self.map_blocks(ino, inode, prev, 1)?.kind {
                                 MapKind::Mapped(p) | MapKind::Unwritten(p) => p + 1,
-                                MapKind::Hole => self.inode_goal(ino),
+                                MapKind::Hole => self.inode_goal(ino, true),
                             },
-                            None => self.inode_goal(ino),
+                            None => self.inode_goal(ino, true),
                         };
                         self.alloc.alloc_blocks(tx, goal, want)?
                     };

@@ -162,7 +162,7 @@ impl Filesystem {
         }
         if size > 0 {
             let _space = self.alloc.ensure_space(8)?;
-            let (blk, _) = self.alloc.alloc_blocks(tx, self.inode_goal(ino), 1)?;
+            let (blk, _) = self.alloc.alloc_blocks(tx, self.inode_goal(ino, inode.is_reg()), 1)?;
             if inode.is_dir() {
                 self.vol.cache.classify(blk, crate::dev::IoClass::Directory);
                 let buf = self.vol.cache.get_new(blk);

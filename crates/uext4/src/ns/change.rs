@@ -273,7 +273,7 @@ impl Filesystem {
                 return Ok(());
             }
             let bs = fs.vol.geo.block_size;
-            let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino, false), 1)?;
             fs.vol.cache.classify(blk, crate::dev::IoClass::Directory);
             let buf = fs.vol.cache.get_new(blk);
             {
@@ -318,7 +318,7 @@ impl Filesystem {
                 i.i_block[..target.len()].copy_from_slice(target);
                 return Ok(());
             }
-            let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino), 1)?;
+            let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino, false), 1)?;
             let mut data = vec![0u8; fs.vol.geo.block_size];
             data[..target.len()].copy_from_slice(target);
             fs.vol.cache.device().write_at(blk * fs.vol.geo.block_size as u64, &data)?;

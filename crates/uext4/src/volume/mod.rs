@@ -55,6 +55,8 @@ pub struct Geometry {
     pub hash_seed: [u32; 4],
     pub gd_csum: GdCsum,
     pub verify_checksums: bool,
+    /// Groups in a flex group (1 without flex_bg).
+    pub groups_per_flex: u32,
 }
 
 impl Geometry {
@@ -88,6 +90,13 @@ impl Geometry {
                 GdCsum::None
             },
             verify_checksums,
+            groups_per_flex: if sb.has_incompat(INCOMPAT_FLEX_BG) {
+                // Validated at parse to at most 31; a shift past the group count
+                // changes nothing (every group is then in flex group 0).
+                1u32.checked_shl(sb.s_log_groups_per_flex as u32).unwrap_or(u32::MAX)
+            } else {
+                1
+            },
         }
     }
 
