@@ -12,10 +12,9 @@
 //!
 //! So a policy can never make a free inode unreachable: the second pass is the
 //! ordinary allocator. `MainlinePolicy` follows mainline ext4 in spirit:
-//! directories under the root are spread Orlov-style to flex groups with more
-//! free inodes and blocks than average and few directories (filling each flex
-//! group's first group first); other directories and files stay near their
-//! parent. `dir_ireserve::DirReservePolicy` (seed 000) and
+//! directories under the root are spread Orlov-style to groups with more free
+//! inodes and blocks than average and few directories; other directories and
+//! files stay near their parent. `dir_ireserve::DirReservePolicy` (seed 000) and
 //! `hash_goal::HashGoal` (seed 003) are the others.
 
 use crate::alloc::Allocator;
@@ -182,33 +181,22 @@ impl InodePolicy for MainlinePolicy {
         if !req.is_dir || req.parent != crate::ns::ROOT_INO {
             return rotated(parent_group).collect();
         }
-        // Orlov for top-level directories, by flex group as the kernel's
-        // find_group_orlov counts with flex_bg: among flex groups with at least
-        // average free inodes and blocks, the one with the fewest directories,
-        // starting at its first group (which then fills first, as the kernel
-        // takes the first group of the flex group with a free inode). Spreading
-        // by single group instead put consecutive directories in as many inode
-        // tables as there are groups, each a seek away from the last.
-        let flex = vol.geo.groups_per_flex.clamp(1, groups);
-        let flexes = groups.div_ceil(flex);
-        // (free inodes, free blocks, directories) per flex group.
-        let mut stats = vec![(0u64, 0u64, 0u64); flexes as usize];
-        for (g, desc) in vol.groups.iter().enumerate() {
-            let d = desc.read();
-            let s = &mut stats[g / flex as usize];
-            s.0 += d.bg_free_inodes_count as u64;
-            s.1 += d.bg_free_blocks_count as u64;
-            s.2 += d.bg_used_dirs_count as u64;
-        }
-        let avg_inodes = stats.iter().map(|s| s.0).sum::<u64>() / flexes as u64;
-        let avg_blocks = stats.iter().map(|s| s.1).sum::<u64>() / flexes as u64;
-        let best = (0..flexes)
-            .filter(|&f| {
-                let s = stats[f as usize];
-                s.0 >= avg_inodes.max(1) && s.1 >= avg_blocks
+        // Orlov for top-level directories: among groups with at least average free
+        // inodes and blocks, the one with the fewest directories first. (The
+        // kernel counts by flex group and fills each flex group's first group;
+        // measured here, that halved mkdir's modelled time but interleaved the
+        // files of directories made round-robin in one inode table, and tree's
+        // and ireserve's cold rm -rf took 1.8x and 2.5x as long: docs/BENCHMARKS.md.)
+        let descs: Vec<GroupDesc> = vol.groups.iter().map(|g| g.read().clone()).collect();
+        let avg_inodes = descs.iter().map(|d| d.bg_free_inodes_count as u64).sum::<u64>() / groups as u64;
+        let avg_blocks = descs.iter().map(|d| d.bg_free_blocks_count as u64).sum::<u64>() / groups as u64;
+        let best = (0..groups)
+            .filter(|&g| {
+                let d = &descs[g as usize];
+                d.bg_free_inodes_count as u64 >= avg_inodes.max(1) && d.bg_free_blocks_count as u64 >= avg_blocks
             })
-            .min_by_key(|&f| (stats[f as usize].2, f))
-            .map_or(parent_group, |f| f * flex);
+            .min_by_key(|&g| (descs[g as usize].bg_used_dirs_count, g))
+            .unwrap_or(parent_group);
         rotated(best).collect()
     }
 }
