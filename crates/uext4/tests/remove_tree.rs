@@ -409,3 +409,81 @@ fn a_file_type_less_image_is_walked_by_inode_types() {
     oracle::assert_e2fsck_clean(&image);
     assert_eq!(free_counts(&image), counts);
 }
+
+/// Whether debugfs shows /t with the index flag (EXT4_INDEX_FL, 0x1000).
+fn indexed(image: &Path) -> bool {
+    let stat = oracle::run(Command::new("debugfs").args(["-R", "stat /t"]).arg(image));
+    let flags = stat.split("Flags: 0x").nth(1).and_then(|r| r.split_whitespace().next()).unwrap();
+    u32::from_str_radix(flags, 16).unwrap() & 0x1000 != 0
+}
+
+/// A big indexed directory is rewritten before its names go, as a linear
+/// directory in inode order: stopped part-way (as a caller's progress callback
+/// can), the image holds that directory with the names not yet removed, which
+/// debugfs shows without the index flag and in ascending inode order, the
+/// kernel lists them all, and e2fsck -fn is silent. A second remove_tree
+/// finishes and the free counts come back.
+#[test]
+fn a_stopped_removal_leaves_a_sorted_linear_directory_the_kernel_reads() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = uext4_image(work.path(), 256 << 20);
+    let counts = free_counts(&image);
+    const N: usize = 6_000;
+    {
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let t = fs.mkdir(ROOT_INO, b"t", 0o755, ROOT).unwrap().ino;
+        for i in 0..N {
+            fs.create(t, format!("name-{:08}", (i * 7919) % N).as_bytes(), 0o644, ROOT).unwrap();
+        }
+        fs.sync().unwrap();
+        assert!(indexed(&image), "the directory starts indexed");
+        let mut calls = 0;
+        let stopped = fs.remove_tree_with_progress(ROOT_INO, b"t", &mut |r| {
+            calls += 1;
+            if r.names >= 1_000 {
+                std::ops::ControlFlow::Break(())
+            } else {
+                std::ops::ControlFlow::Continue(())
+            }
+        });
+        assert!(matches!(stopped, Err(Error::Io(_))), "{stopped:?}");
+        assert!(calls > 0);
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    assert!(!indexed(&image), "the directory is linear now");
+    let listing = oracle::run(Command::new("debugfs").args(["-R", "ls -l /t"]).arg(&image));
+    let inos: Vec<u32> = listing
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let ino: u32 = w.next()?.parse().ok()?;
+            let name = l.split_whitespace().last()?;
+            // debugfs also shows a removed first entry of a block, as inode 0.
+            (ino != 0 && name.starts_with("name-")).then_some(ino)
+        })
+        .collect();
+    let left = inos.len();
+    assert!(left > 0 && left < N, "{left} of {N} names left");
+    let bad: Vec<_> = inos.windows(2).filter(|w| w[0] >= w[1]).take(5).collect();
+    assert!(
+        bad.is_empty(),
+        "names left are in ascending inode order: {bad:?} of {left}; first {:?}",
+        &inos[..8.min(left)]
+    );
+    {
+        let m = oracle::Mount::new(&image, "ro");
+        let seen = std::fs::read_dir(m.dir.join("t")).unwrap().count();
+        assert_eq!(seen, left, "the kernel lists every name left");
+        m.unmount();
+    }
+    let fs = Filesystem::open(&image, rw()).unwrap();
+    let removed = fs.remove_tree(ROOT_INO, b"t").unwrap();
+    assert_eq!(removed.names as usize, left + 1);
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+    assert_eq!(free_counts(&image), counts);
+}

@@ -196,6 +196,19 @@ impl Filesystem {
 
     /// Removes `name` from `dir`; returns the inode it named.
     pub(crate) fn remove_entry(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u32> {
+        self.remove_entry_near(tx, dir, dir_inode, name, None)
+    }
+
+    /// `remove_entry`, looking first in block `hint` of a linear directory
+    /// (see `lookup_held_near`).
+    pub(crate) fn remove_entry_near(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        dir_inode: &Inode,
+        name: &[u8],
+        hint: Option<u64>,
+    ) -> Result<u32> {
         if dir_inode.has_flag(EXT4_INLINE_DATA_FL) {
             let mut changed = dir_inode.clone();
             let ino = self.inline_remove_entry(dir, &mut changed, name)?;
@@ -203,13 +216,13 @@ impl Filesystem {
             return Ok(ino);
         }
         // An indexed directory names the one leaf to look in; a linear one, all blocks.
-        let blocks: Vec<u64> = if self.is_indexed(dir_inode) {
+        let blocks: Box<dyn Iterator<Item = u64>> = if self.is_indexed(dir_inode) {
             match self.htree_lookup(dir, dir_inode, name)? {
-                Some((_, leaf)) => vec![leaf],
-                None => Vec::new(),
+                Some((_, leaf)) => Box::new(std::iter::once(leaf)),
+                None => Box::new(std::iter::empty()),
             }
         } else {
-            (0..self.dir_blocks(dir, dir_inode)?).collect()
+            Box::new(Self::linear_order(self.dir_blocks(dir, dir_inode)?, hint))
         };
         let bs = self.vol.geo.block_size;
         let seed = self.inode_seed(dir, dir_inode);

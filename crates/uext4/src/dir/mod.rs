@@ -292,6 +292,14 @@ impl Filesystem {
     /// `lookup` for a caller that holds the name's slot (a change of names), or
     /// needs none.
     pub(crate) fn lookup_held(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+        self.lookup_held_near(dir, name, None)
+    }
+
+    /// `lookup_held`, looking first in block `hint` of a linear directory (where
+    /// a caller saw the name): remove_tree's sorted directories are thousands
+    /// of blocks long, and a scan from block 0 for every name would be
+    /// quadratic. The answer is the same with any hint.
+    pub(crate) fn lookup_held_near(&self, dir: u32, name: &[u8], hint: Option<u64>) -> Result<Option<u32>> {
         // The inode is judged under the structure lock too: an unlink or rmdir
         // holds it (for writing in a linear directory, where a lookup takes no
         // name slot) from removing the entry until the inode's link count is
@@ -299,7 +307,7 @@ impl Filesystem {
         // the lock, a removal in between showed a live name's inode as deleted
         // (remove_tree's racing lookups met it).
         let _structure = self.dir_structure.read(dir as u64);
-        let found = self.lookup_entry(dir, name)?;
+        let found = self.lookup_entry(dir, name, hint)?;
         if let Some(ino) = found {
             // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
             let first_ino = self.vol.sb.read().first_ino();
@@ -322,7 +330,7 @@ impl Filesystem {
         Ok(found)
     }
 
-    fn lookup_entry(&self, dir: u32, name: &[u8]) -> Result<Option<u32>> {
+    fn lookup_entry(&self, dir: u32, name: &[u8], hint: Option<u64>) -> Result<Option<u32>> {
         let inode = self.require_dir(dir)?;
         if inode.i_links_count == 0 {
             if dir == crate::ns::ROOT_INO {
@@ -346,12 +354,20 @@ impl Filesystem {
         if self.is_indexed(&inode) {
             return Ok(self.htree_lookup(dir, &inode, name)?.map(|(ino, _)| ino));
         }
-        for lblk in 0..self.dir_blocks(dir, &inode)? {
+        for lblk in Self::linear_order(self.dir_blocks(dir, &inode)?, hint) {
             if let Some(ino) = self.search_block(dir, &inode, lblk, name)? {
                 return Ok(Some(ino));
             }
         }
         Ok(None)
+    }
+
+    /// The blocks of a linear directory of `blocks` blocks in the order a
+    /// search visits them: `hint` first (when it is one of them), then the rest
+    /// in order.
+    pub(crate) fn linear_order(blocks: u64, hint: Option<u64>) -> impl Iterator<Item = u64> {
+        let hint = hint.filter(|&h| h < blocks);
+        hint.into_iter().chain((0..blocks).filter(move |&b| Some(b) != hint))
     }
 
     fn search_block(&self, dir: u32, inode: &Inode, lblk: u64, name: &[u8]) -> Result<Option<u32>> {

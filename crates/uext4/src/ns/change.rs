@@ -69,7 +69,7 @@ impl Filesystem {
 pub use crate::alloc::Owner;
 
 impl Filesystem {
-    fn new_inode(&self, mode: u16, owner: Owner) -> Inode {
+    pub(crate) fn new_inode(&self, mode: u16, owner: Owner) -> Inode {
         let extra = if self.vol.geo.inode_size > 128 { 32 } else { 0 };
         let mut i = Inode::new(self.vol.geo.inode_size, extra);
         let t = now();
@@ -166,7 +166,7 @@ impl Filesystem {
     ///
     /// # Errors
     /// `NoSpace` without a free inode; `Busy` when many in a row are locked.
-    fn alloc_inode_locked(
+    pub(crate) fn alloc_inode_locked(
         &self,
         tx: &mut Handle,
         request: &crate::alloc::InodeRequest,

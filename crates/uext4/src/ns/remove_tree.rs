@@ -3,8 +3,11 @@
 //!
 //! Deleting a huge indexed directory name by name in readdir (hash) order
 //! touches the inode table at random; once the table no longer fits in the
-//! cache every block is written out and read back several times. Here each
-//! pass over a directory keeps the `CHUNK_ENTRIES` entries with the lowest
+//! cache every block is written out and read back several times. Here a big
+//! indexed directory is first rewritten as a linear directory whose entries
+//! lie in inode order (`sort_for_removal`), so that removing names in inode
+//! order also walks its blocks in order and each is dirtied about once. Then
+//! each pass over a directory keeps the `CHUNK_ENTRIES` entries with the lowest
 //! inode numbers (a bounded max-heap) and removes them window by window: a
 //! window is the entries whose inodes lie in the next eighth-of-the-cache of
 //! inode-table blocks (read ahead in table order, then kept in the cache), and
@@ -17,8 +20,10 @@
 //!   `CHUNK_ENTRIES` entries, less those the directories above it still hold
 //!   waiting to be descended into, but never fewer than `MIN_CHUNK_ENTRIES`:
 //!   at most `CHUNK_ENTRIES + MIN_CHUNK_ENTRIES × depth` entries (each a name
-//!   of at most 255 bytes) at once. Subdirectories are removed bottom-up from
-//!   an explicit stack, so depth costs no Rust stack.
+//!   of at most 255 bytes) at once. The sort holds one directory's entries and
+//!   its sorted blocks, and is done only for directories of at most
+//!   `SORT_MAX_BYTES` (64 MiB): at most about twice that. Subdirectories are
+//!   removed bottom-up from an explicit stack, so depth costs no Rust stack.
 //! - Crash safety: every transaction leaves a consistent filesystem. Up to
 //!   `BATCH_NAMES` names of one directory go in one handle, each entry removed
 //!   together with its inode's link-count change; an inode at 0 links is
@@ -27,7 +32,10 @@
 //!   `STEP_BLOCKS` at a time, one handle each). A directory goes by `rmdir`
 //!   once empty. A cut at any point leaves part of the tree removed, the rest
 //!   a consistent tree, every orphan on the orphan list: the next open's
-//!   orphan processing, or another `remove_tree`, finishes it.
+//!   orphan processing, or another `remove_tree`, finishes it. The sort
+//!   builds its blocks in a linkless file on the orphan list and swaps block
+//!   maps in one handle: a cut leaves the directory as it was or sorted (the
+//!   same names), plus an orphan the next open frees.
 //! - Concurrency: each batch takes the namespace locks of an unlink
 //!   (docs/ARCHITECTURE.md's order: the directory's lock and the names' slots,
 //!   then inode locks ascending, then the handle, then the structure lock) and
@@ -35,7 +43,9 @@
 //!   create in a directory being emptied either lands before its `rmdir`
 //!   (which then finds it not empty and the directory gets another pass) or
 //!   fails with ENOENT (`require_live_dir`); lookups see each name removed
-//!   whole, as with unlink.
+//!   whole, as with unlink. While a directory is sorted its lock and inode
+//!   lock are held exclusively (changes in it wait; lookups go on until the
+//!   swap, which takes its structure lock for writing).
 //! - I/O: before a window, its table blocks are read in aligned 32-block runs,
 //!   one request each (`read_ahead_inode`), as the window uses them whole; a
 //!   pass reads the directory in runs of `DIR_READ_AHEAD_BLOCKS` the same way.
@@ -63,6 +73,13 @@ pub(crate) const BATCH_NAMES: usize = 64;
 const STUCK_PASSES: u32 = 1_000;
 /// Blocks a big file releases per handle once on the orphan list.
 pub const STEP_BLOCKS: u64 = 4_096;
+/// An indexed directory of at least this many blocks is sorted before removal
+/// (`sort_for_removal`); below it, its leaves stay in the cache anyway.
+const SORT_MIN_BLOCKS: u64 = 64;
+/// ... and of at most this many bytes: the sort holds its entries in memory.
+const SORT_MAX_BYTES: u64 = 64 << 20;
+/// New directory blocks per handle while the sorted copy is built.
+const SORT_BLOCKS_PER_HANDLE: u64 = 64;
 
 /// What a `remove_tree` removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -166,6 +183,8 @@ impl Filesystem {
         let mut held = 0usize;
         // Passes in a row that found nothing to remove yet could not rmdir.
         let mut stuck = 0u32;
+        // Directories already offered to `sort_for_removal`.
+        let mut sorted: HashSet<u32> = HashSet::new();
         while let Some(level) = stack.last_mut() {
             if let Some((sub, sub_name)) = level.subdirs.pop() {
                 held -= 1;
@@ -184,6 +203,9 @@ impl Filesystem {
                 continue;
             }
             let dir = level.dir;
+            if sorted.insert(dir) {
+                self.sort_for_removal(dir)?;
+            }
             let limit = CHUNK_ENTRIES.saturating_sub(held).max(MIN_CHUNK_ENTRIES);
             let chunk = match self.lowest_entries(dir, limit) {
                 Ok(chunk) => chunk,
@@ -240,7 +262,7 @@ impl Filesystem {
             }
             for window in self.table_windows(others) {
                 // The window's table blocks in runs, in table order, before any lock.
-                let mut inos: Vec<u32> = window.iter().map(|e| e.ino).collect();
+                let mut inos: Vec<u32> = window.iter().map(|(e, _)| e.ino).collect();
                 inos.sort_unstable();
                 inos.into_iter().for_each(|ino| self.read_ahead_inode(ino));
                 for batch in window.chunks(BATCH_NAMES) {
@@ -264,7 +286,7 @@ impl Filesystem {
     /// once per batch — in an htree, names in inode order lie in leaves all over
     /// the directory, and a leaf logged by every commit is what filled the
     /// journal — while the window's table blocks stay in the cache.
-    fn table_windows(&self, entries: Vec<(DirEntryOwned, u32)>) -> Vec<Vec<DirEntryOwned>> {
+    fn table_windows(&self, entries: Vec<(DirEntryOwned, u32)>) -> Vec<Vec<(DirEntryOwned, u32)>> {
         let per_block = (self.vol.geo.block_size / self.vol.geo.inode_size).max(1) as u32;
         let span = self.window_table_blocks();
         let mut windows: Vec<Vec<(DirEntryOwned, u32)>> = Vec::new();
@@ -286,7 +308,7 @@ impl Filesystem {
             .into_iter()
             .map(|mut w| {
                 w.sort_by_key(|(e, lblk)| (*lblk, e.ino));
-                w.into_iter().map(|(e, _)| e).collect()
+                w
             })
             .collect()
     }
@@ -346,7 +368,7 @@ impl Filesystem {
     fn remove_names_batch(
         &self,
         dir: u32,
-        batch: &[DirEntryOwned],
+        batch: &[(DirEntryOwned, u32)],
         stats: &mut RemovedTree,
         kept_links: &mut dyn FnMut(u32),
     ) -> Result<Vec<(u32, Vec<u8>)>> {
@@ -356,33 +378,33 @@ impl Filesystem {
         // its own locks there, and call the library under them.
         let mut kept = Vec::new();
         {
-            let keys: Vec<(u32, &[u8])> = batch.iter().map(|e| (dir, e.name.as_slice())).collect();
+            let keys: Vec<(u32, &[u8])> = batch.iter().map(|(e, _)| (dir, e.name.as_slice())).collect();
             let names = self.lock_names(&keys)?;
             if self.require_dir(dir)?.i_links_count == 0 {
                 // Removed by someone else: the next pass says so.
                 return Ok(subdirs);
             }
             let mut found = Vec::with_capacity(batch.len());
-            for e in batch {
-                if self.lookup_held(dir, &e.name)? == Some(e.ino) {
-                    found.push(e);
+            for (e, lblk) in batch {
+                if self.lookup_held_near(dir, &e.name, Some(*lblk as u64))? == Some(e.ino) {
+                    found.push((e, *lblk));
                 }
             }
             let mut modes = vec![(dir as u64, Mode::Shared)];
-            modes.extend(found.iter().map(|e| (e.ino as u64, Mode::Exclusive)));
+            modes.extend(found.iter().map(|(e, _)| (e.ino as u64, Mode::Exclusive)));
             let _inode_locks = self.inode_locks.lock_modes(&modes);
             // Working copies, one per inode (two names of one inode in this batch
             // drop two links of one copy).
             let mut inodes: BTreeMap<u32, Inode> = BTreeMap::new();
             let mut doomed = Vec::with_capacity(found.len());
-            for e in found {
+            for (e, lblk) in found {
                 if let std::collections::btree_map::Entry::Vacant(slot) = inodes.entry(e.ino) {
                     slot.insert((*self.inode(e.ino)?).clone());
                 }
                 if inodes[&e.ino].is_dir() {
                     subdirs.push((e.ino, e.name.clone()));
                 } else {
-                    doomed.push(e);
+                    doomed.push((e, lblk));
                 }
             }
             inodes.retain(|_, i| !i.is_dir());
@@ -391,7 +413,7 @@ impl Filesystem {
             }
             // Everything that can refuse comes before the first change.
             let mut drops: BTreeMap<u32, u16> = BTreeMap::new();
-            for e in &doomed {
+            for (e, _) in &doomed {
                 *drops.entry(e.ino).or_default() += 1;
             }
             for (&ino, &n) in &drops {
@@ -406,9 +428,9 @@ impl Filesystem {
             if !parallel {
                 self.uninline(&mut tx, dir)?;
             }
-            for e in &doomed {
+            for (e, lblk) in &doomed {
                 let dir_inode = self.inode(dir)?;
-                self.remove_entry(&mut tx, dir, &dir_inode, &e.name)?;
+                self.remove_entry_near(&mut tx, dir, &dir_inode, &e.name, Some(*lblk as u64))?;
             }
             self.update_dir_attrs(&mut tx, dir, None, &Self::touch_dir)?;
             let t = now();
@@ -442,6 +464,212 @@ impl Filesystem {
             self.release_in_steps(ino)?;
         }
         Ok(subdirs)
+    }
+
+    /// Rewrites a big indexed directory, before its names are removed, as a
+    /// linear directory whose entries lie in inode order, so that removing
+    /// them in inode order dirties each of its blocks once instead of every
+    /// leaf in every window (seed 003: "deleting inodes in storage order").
+    ///
+    /// The sorted blocks are built in a new regular file with no links, on
+    /// the orphan list, over several handles; one handle then swaps the two
+    /// block maps (the directory takes the sorted blocks and loses its index
+    /// flag, the orphan the old blocks, whose extent nodes are re-sealed with
+    /// its checksum seed), and the orphan is released like a big unlinked
+    /// file. A cut anywhere leaves the directory as it was or sorted, and an
+    /// orphan that the next open (uext4's or the kernel's) frees. Under the
+    /// directory's lock and inode lock, held exclusively throughout, no name
+    /// in it changes; lookups go on until the swap, which holds its structure
+    /// lock.
+    ///
+    /// Skipped (Ok, nothing changed) for a directory that is not indexed, not
+    /// extent-mapped, shorter than `SORT_MIN_BLOCKS` or longer than
+    /// `SORT_MAX_BYTES` (the memory bound), whose extent tree is deeper than
+    /// one level, or when the sorted copy does not fit in the four extents of
+    /// an inode's root (fragmented free space).
+    fn sort_for_removal(&self, dir: u32) -> Result<()> {
+        let worth = |inode: &Inode| -> Result<bool> {
+            Ok(self.is_indexed(inode)
+                && inode.has_flag(EXT4_EXTENTS_FL)
+                && inode.i_links_count > 0
+                && inode.i_size <= SORT_MAX_BYTES
+                && self.dir_blocks(dir, inode)? >= SORT_MIN_BLOCKS
+                && Self::extent_depth(inode) <= 1)
+        };
+        if !worth(&*self.require_dir(dir)?)? {
+            return Ok(());
+        }
+        let _dir_lock = self.dir_locks.write(dir as u64);
+        let _inode_lock = self.inode_locks.write(dir as u64);
+        let inode = (*self.require_dir(dir)?).clone();
+        if !worth(&inode)? {
+            return Ok(());
+        }
+        let Some(blocks) = self.sorted_dir_blocks(dir, &inode)? else {
+            return Ok(());
+        };
+        let orphan = self.build_in_orphan(dir, &blocks)?;
+        drop(blocks);
+        let copy = (*self.inode(orphan)?).clone();
+        if Self::extent_depth(&copy) > 0 {
+            // Free space too broken up for the root's four extents.
+            return self.release_in_steps(orphan);
+        }
+        self.swap_block_maps(dir, orphan)?;
+        self.release_in_steps(orphan)
+    }
+
+    /// Depth of an extent-mapped inode's tree (0: the extents are in i_block).
+    fn extent_depth(inode: &Inode) -> u16 {
+        crate::format::extent::ExtentHeader::parse(&inode.i_block).eh_depth
+    }
+
+    /// The directory's entries in inode order, packed into blocks as a linear
+    /// directory ("." and ".." first), each with its checksum tail; None when
+    /// block 0 does not start with them.
+    fn sorted_dir_blocks(&self, dir: u32, inode: &Inode) -> Result<Option<Vec<Vec<u8>>>> {
+        let count = self.dir_blocks(dir, inode)?;
+        let mut entries = Vec::new();
+        let mut block = Vec::new();
+        let mut dotdot = None;
+        for lblk in 0..count {
+            if lblk.is_multiple_of(Self::DIR_READ_AHEAD_BLOCKS) {
+                self.read_ahead_dir(dir, inode, lblk, Self::DIR_READ_AHEAD_BLOCKS.min(count - lblk));
+            }
+            let buf = self.dir_block(dir, inode, lblk)?;
+            self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
+            for e in block.drain(..) {
+                match (lblk, e.name.as_slice()) {
+                    (0, b".") => {}
+                    (0, b"..") => dotdot = Some(e.ino),
+                    _ => entries.push(e),
+                }
+            }
+        }
+        let Some(parent) = dotdot else { return Ok(None) };
+        entries.sort_by_key(|e| e.ino);
+        let bs = self.vol.geo.block_size;
+        let tail = if self.vol.geo.metadata_csum { crate::format::dirent::DIRENT_TAIL_LEN } else { 0 };
+        let dir_type = if self.vol.geo.has_filetype { crate::format::dirent::EXT4_FT_DIR } else { 0 };
+        let seed = self.inode_seed(dir, inode);
+        let dots = [
+            DirEntryOwned { ino: dir, file_type: dir_type, name: b".".to_vec() },
+            DirEntryOwned { ino: parent, file_type: dir_type, name: b"..".to_vec() },
+        ];
+        let mut out = Vec::new();
+        let mut current: Vec<&DirEntryOwned> = Vec::new();
+        let mut used = 0;
+        for e in dots.iter().chain(&entries) {
+            let need = crate::format::dirent::rec_len_for(e.name.len());
+            if used + need > bs - tail {
+                out.push(self.linear_block(&current, tail, seed));
+                current.clear();
+                used = 0;
+            }
+            current.push(e);
+            used += need;
+        }
+        out.push(self.linear_block(&current, tail, seed));
+        Ok(Some(out))
+    }
+
+    /// One directory block holding `entries` packed from its start, the last
+    /// one reaching the tail (or the block's end without metadata_csum).
+    fn linear_block(&self, entries: &[&DirEntryOwned], tail: usize, seed: u32) -> Vec<u8> {
+        use crate::format::dirent;
+        let bs = self.vol.geo.block_size;
+        let end = bs - tail;
+        let mut data = vec![0u8; bs];
+        let mut off = 0;
+        for (i, e) in entries.iter().enumerate() {
+            let len = if i + 1 == entries.len() { end - off } else { dirent::rec_len_for(e.name.len()) };
+            dirent::write_entry(&mut data, off, e.ino, len, e.file_type, &e.name, bs);
+            off += len;
+        }
+        if tail > 0 {
+            dirent::set_tail(&mut data, seed);
+        }
+        data
+    }
+
+    /// A new regular file with no links, on the orphan list, holding `blocks`
+    /// (through the journal, `SORT_BLOCKS_PER_HANDLE` to a handle). Returns
+    /// its inode number.
+    fn build_in_orphan(&self, dir: u32, blocks: &[Vec<u8>]) -> Result<u32> {
+        let bs = self.vol.geo.block_size as u64;
+        let orphan = {
+            let mut tx = self.begin(8)?;
+            let request = crate::alloc::InodeRequest::new(dir, false);
+            let (ino, _lock) = self.alloc_inode_locked(&mut tx, &request)?;
+            let mut inode = self.new_inode(S_IFREG | 0o600, crate::alloc::Owner { uid: 0, gid: 0 });
+            inode.i_links_count = 0;
+            self.orphan_add(&mut tx, ino, &mut inode)?;
+            self.write_inode(&mut tx, ino, &inode)?;
+            tx.finish()?;
+            ino
+        };
+        let mut goal = self.inode_goal(dir, false);
+        let mut lblk = 0u64;
+        while lblk < blocks.len() as u64 {
+            let _lock = self.inode_locks.write(orphan as u64);
+            let mut tx = self.begin(8 + SORT_BLOCKS_PER_HANDLE as u32)?;
+            let mut inode = (*self.inode(orphan)?).clone();
+            let want = SORT_BLOCKS_PER_HANDLE.min(blocks.len() as u64 - lblk);
+            let (pblk, got) = self.alloc.alloc_blocks(&mut tx, goal, want as u32)?;
+            for i in 0..got as u64 {
+                self.vol.cache.classify(pblk + i, crate::dev::IoClass::Directory);
+                let buf = self.vol.cache.get_new(pblk + i);
+                buf.write().copy_from_slice(&blocks[(lblk + i) as usize]);
+                tx.dirty(&buf);
+            }
+            if let Err(e) = self.extent_append(&mut tx, orphan, &mut inode, lblk, pblk, got) {
+                // The tree is as it was: the blocks go back.
+                self.alloc.free_blocks_range(&mut tx, pblk, got as u64)?;
+                self.write_inode(&mut tx, orphan, &inode)?;
+                tx.finish()?;
+                let _ = self.release_in_steps(orphan);
+                return Err(e);
+            }
+            lblk += got as u64;
+            inode.i_size = lblk * bs;
+            self.write_inode(&mut tx, orphan, &inode)?;
+            tx.finish()?;
+            goal = pblk + got as u64;
+        }
+        Ok(orphan)
+    }
+
+    /// Swaps the block maps of directory `dir` and the orphan `orphan` in one
+    /// handle: the directory gets the sorted blocks (linear now: no index
+    /// flag), the orphan the old ones, whose extent nodes (a tree of depth 1
+    /// at most) are re-sealed with the orphan's checksum seed.
+    fn swap_block_maps(&self, dir: u32, orphan: u32) -> Result<()> {
+        let _orphan_lock = self.inode_locks.write(orphan as u64);
+        let mut tx = self.begin(16)?;
+        let _structure = self.dir_structure.write(dir as u64);
+        let mut d = (*self.inode(dir)?).clone();
+        let mut o = (*self.inode(orphan)?).clone();
+        if self.vol.geo.metadata_csum && Self::extent_depth(&d) == 1 {
+            let seed = self.inode_seed(orphan, &o);
+            let root = crate::format::extent::ExtentNode::parse(&d.i_block, Some(1), "directory's extent root")?;
+            if let crate::format::extent::ExtentNode::Index(_, children) = root {
+                for child in children {
+                    self.vol.check_block(child.leaf, &|| format!("extent tree of inode {dir}"))?;
+                    let buf = self.vol.cache.get(child.leaf)?;
+                    crate::format::extent::set_block_checksum(&mut buf.write(), seed);
+                    tx.dirty(&buf);
+                }
+            }
+        }
+        std::mem::swap(&mut d.i_block, &mut o.i_block);
+        std::mem::swap(&mut d.i_size, &mut o.i_size);
+        std::mem::swap(&mut d.i_blocks, &mut o.i_blocks);
+        d.i_flags &= !EXT4_INDEX_FL;
+        let t = now();
+        d.i_ctime = t;
+        self.write_inode(&mut tx, dir, &d)?;
+        self.write_inode(&mut tx, orphan, &o)?;
+        tx.finish()
     }
 
     /// Frees an unlinked, unopened inode on the orphan list `STEP_BLOCKS` at a
