@@ -487,3 +487,51 @@ fn a_stopped_removal_leaves_a_sorted_linear_directory_the_kernel_reads() {
     oracle::assert_e2fsck_clean(&image);
     assert_eq!(free_counts(&image), counts);
 }
+
+/// On a full disk the sorted copy has no room: remove_tree goes on without
+/// it (a full disk is when trees get removed), and leaves no orphan behind.
+#[test]
+fn a_full_disk_still_removes_a_big_directory() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    // No blocks reserved for root: "full" is full for everyone.
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-m", "0", "-b", "4096"]).arg(&image).arg("64M"));
+    let counts = free_counts(&image);
+    let fs = Filesystem::open(&image, rw()).unwrap();
+    let t = fs.mkdir(ROOT_INO, b"t", 0o755, ROOT).unwrap().ino;
+    // Long names: a directory larger than the blocks the allocator keeps back
+    // for metadata on a full disk, so the sorted copy cannot borrow them.
+    for i in 0..8_000 {
+        fs.create(t, format!("{:0>200}", (i * 7919) % 8_000).as_bytes(), 0o644, ROOT).unwrap();
+    }
+    assert!(fs.stat(t).unwrap().size >= 500 * 4096, "{} bytes", fs.stat(t).unwrap().size);
+    let fill = fs.create(t, b"fill", 0o644, ROOT).unwrap().ino;
+    let chunk = vec![1u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        match fs.write(fill, at, &chunk) {
+            Ok(n) if n > 0 => at += n as u64,
+            Ok(_) | Err(Error::NoSpace(_)) => break,
+            Err(e) => panic!("filling the disk: {e}"),
+        }
+    }
+    // The last blocks, one at a time (a write keeps a few back for its own tree).
+    let mut small = 0;
+    while fs.create(t, format!("last-{small}").as_bytes(), 0o644, ROOT).is_ok()
+        && fs.write(fs.lookup(t, format!("last-{small}").as_bytes()).unwrap().unwrap(), 0, &[1u8; 4096]).is_ok()
+    {
+        small += 1;
+    }
+    // What is left (the allocator's own reserve for metadata) cannot hold a copy of the directory.
+    let dir_blocks = fs.stat(t).unwrap().size / 4096;
+    assert!(fs.free_blocks() < dir_blocks, "{} blocks free, directory of {dir_blocks}", fs.free_blocks());
+    let removed = fs.remove_tree(ROOT_INO, b"t").unwrap();
+    assert!(removed.names >= 8_002, "{removed:?}");
+    assert_eq!(fs.superblock().s_last_orphan, 0, "no orphan left behind");
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+    assert_eq!(free_counts(&image), counts);
+}

@@ -508,7 +508,13 @@ impl Filesystem {
         let Some(blocks) = self.sorted_dir_blocks(dir, &inode)? else {
             return Ok(());
         };
-        let orphan = self.build_in_orphan(dir, &blocks)?;
+        let orphan = match self.build_in_orphan(dir, &blocks) {
+            Ok(orphan) => orphan,
+            // A full disk is when trees get removed: go on unsorted, which needs
+            // no new block (the copy's blocks went back).
+            Err(Error::NoSpace(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         drop(blocks);
         let copy = (*self.inode(orphan)?).clone();
         if Self::extent_depth(&copy) > 0 {
@@ -594,9 +600,9 @@ impl Filesystem {
 
     /// A new regular file with no links, on the orphan list, holding `blocks`
     /// (through the journal, `SORT_BLOCKS_PER_HANDLE` to a handle). Returns
-    /// its inode number.
+    /// its inode number. On an error the file is released again (as far as
+    /// the error allows; what is left is an orphan the next open frees).
     fn build_in_orphan(&self, dir: u32, blocks: &[Vec<u8>]) -> Result<u32> {
-        let bs = self.vol.geo.block_size as u64;
         let orphan = {
             let mut tx = self.begin(8)?;
             let request = crate::alloc::InodeRequest::new(dir, false);
@@ -608,6 +614,18 @@ impl Filesystem {
             tx.finish()?;
             ino
         };
+        match self.fill_orphan(dir, orphan, blocks) {
+            Ok(()) => Ok(orphan),
+            Err(e) => {
+                let _ = self.release_in_steps(orphan);
+                Err(e)
+            }
+        }
+    }
+
+    /// `build_in_orphan`'s block copies.
+    fn fill_orphan(&self, dir: u32, orphan: u32, blocks: &[Vec<u8>]) -> Result<()> {
+        let bs = self.vol.geo.block_size as u64;
         let mut goal = self.inode_goal(dir, false);
         let mut lblk = 0u64;
         while lblk < blocks.len() as u64 {
@@ -627,7 +645,6 @@ impl Filesystem {
                 self.alloc.free_blocks_range(&mut tx, pblk, got as u64)?;
                 self.write_inode(&mut tx, orphan, &inode)?;
                 tx.finish()?;
-                let _ = self.release_in_steps(orphan);
                 return Err(e);
             }
             lblk += got as u64;
@@ -636,7 +653,7 @@ impl Filesystem {
             tx.finish()?;
             goal = pblk + got as u64;
         }
-        Ok(orphan)
+        Ok(())
     }
 
     /// Swaps the block maps of directory `dir` and the orphan `orphan` in one
