@@ -499,30 +499,39 @@ impl Filesystem {
         if !worth(&*self.require_dir(dir)?)? {
             return Ok(());
         }
-        let _dir_lock = self.dir_locks.write(dir as u64);
-        let _inode_lock = self.inode_locks.write(dir as u64);
-        let inode = (*self.require_dir(dir)?).clone();
-        if !worth(&inode)? {
-            return Ok(());
-        }
-        let Some(blocks) = self.sorted_dir_blocks(dir, &inode)? else {
-            return Ok(());
+        // The orphan is released once the directory's locks are dropped:
+        // release_in_steps takes the orphan's inode lock, which may sort
+        // below the directory's.
+        let (orphan, outcome) = {
+            let _dir_lock = self.dir_locks.write(dir as u64);
+            let _inode_lock = self.inode_locks.write(dir as u64);
+            let inode = (*self.require_dir(dir)?).clone();
+            if !worth(&inode)? {
+                return Ok(());
+            }
+            let Some(blocks) = self.sorted_dir_blocks(dir, &inode)? else {
+                return Ok(());
+            };
+            let orphan = match self.build_in_orphan(dir, &blocks) {
+                Ok(orphan) => orphan,
+                Err((orphan, e)) => {
+                    drop((_inode_lock, _dir_lock));
+                    if let Some(orphan) = orphan {
+                        let _ = self.release_in_steps(orphan);
+                    }
+                    // A full disk is when trees get removed: go on unsorted,
+                    // which needs no new block (the copy's blocks went back).
+                    return if matches!(e, Error::NoSpace(_)) { Ok(()) } else { Err(e) };
+                }
+            };
+            drop(blocks);
+            let copy = (*self.inode(orphan)?).clone();
+            // Free space too broken up for the root's four extents: no swap.
+            let outcome = if Self::extent_depth(&copy) > 0 { Ok(()) } else { self.swap_block_maps(dir, orphan) };
+            (orphan, outcome)
         };
-        let orphan = match self.build_in_orphan(dir, &blocks) {
-            Ok(orphan) => orphan,
-            // A full disk is when trees get removed: go on unsorted, which needs
-            // no new block (the copy's blocks went back).
-            Err(Error::NoSpace(_)) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        drop(blocks);
-        let copy = (*self.inode(orphan)?).clone();
-        if Self::extent_depth(&copy) > 0 {
-            // Free space too broken up for the root's four extents.
-            return self.release_in_steps(orphan);
-        }
-        self.swap_block_maps(dir, orphan)?;
-        self.release_in_steps(orphan)
+        let released = self.release_in_steps(orphan);
+        outcome.and(released)
     }
 
     /// Depth of an extent-mapped inode's tree (0: the extents are in i_block).
@@ -599,11 +608,15 @@ impl Filesystem {
     }
 
     /// A new regular file with no links, on the orphan list, holding `blocks`
-    /// (through the journal, `SORT_BLOCKS_PER_HANDLE` to a handle). Returns
-    /// its inode number. On an error the file is released again (as far as
-    /// the error allows; what is left is an orphan the next open frees).
-    fn build_in_orphan(&self, dir: u32, blocks: &[Vec<u8>]) -> Result<u32> {
-        let orphan = {
+    /// (through the journal, `SORT_BLOCKS_PER_HANDLE` to a handle). No name
+    /// leads to it and nobody opens it, so its inode lock is not taken after
+    /// its first handle (taking it under the directory's, out of ascending
+    /// order, could meet a caller holding a stale number for it). Returns
+    /// its inode number; on an error, the orphan made (if any) with the
+    /// error, for the caller to release once it has dropped the
+    /// directory's locks.
+    fn build_in_orphan(&self, dir: u32, blocks: &[Vec<u8>]) -> std::result::Result<u32, (Option<u32>, Error)> {
+        let create = || -> Result<u32> {
             let mut tx = self.begin(8)?;
             let request = crate::alloc::InodeRequest::new(dir, false);
             let (ino, _lock) = self.alloc_inode_locked(&mut tx, &request)?;
@@ -612,15 +625,11 @@ impl Filesystem {
             self.orphan_add(&mut tx, ino, &mut inode)?;
             self.write_inode(&mut tx, ino, &inode)?;
             tx.finish()?;
-            ino
+            Ok(ino)
         };
-        match self.fill_orphan(dir, orphan, blocks) {
-            Ok(()) => Ok(orphan),
-            Err(e) => {
-                let _ = self.release_in_steps(orphan);
-                Err(e)
-            }
-        }
+        let orphan = create().map_err(|e| (None, e))?;
+        self.fill_orphan(dir, orphan, blocks).map_err(|e| (Some(orphan), e))?;
+        Ok(orphan)
     }
 
     /// `build_in_orphan`'s block copies.
@@ -629,7 +638,6 @@ impl Filesystem {
         let mut goal = self.inode_goal(dir, false);
         let mut lblk = 0u64;
         while lblk < blocks.len() as u64 {
-            let _lock = self.inode_locks.write(orphan as u64);
             let mut tx = self.begin(8 + SORT_BLOCKS_PER_HANDLE as u32)?;
             let mut inode = (*self.inode(orphan)?).clone();
             let want = SORT_BLOCKS_PER_HANDLE.min(blocks.len() as u64 - lblk);
@@ -661,7 +669,6 @@ impl Filesystem {
     /// flag), the orphan the old ones, whose extent nodes (a tree of depth 1
     /// at most) are re-sealed with the orphan's checksum seed.
     fn swap_block_maps(&self, dir: u32, orphan: u32) -> Result<()> {
-        let _orphan_lock = self.inode_locks.write(orphan as u64);
         let mut tx = self.begin(16)?;
         let _structure = self.dir_structure.write(dir as u64);
         let mut d = (*self.inode(dir)?).clone();
