@@ -535,3 +535,62 @@ fn a_full_disk_still_removes_a_big_directory() {
     oracle::assert_e2fsck_clean(&image);
     assert_eq!(free_counts(&image), counts);
 }
+
+/// A directory whose blocks the kernel scattered (an extent tree of depth 1)
+/// is sorted too: its old tree's nodes move to the orphan copy re-sealed with
+/// the orphan's checksum seed. Stopped right after the sort and a few names,
+/// the image passes e2fsck and the kernel lists the rest; uext4's next open
+/// frees the orphan.
+#[test]
+fn a_scattered_directory_is_sorted_and_its_old_tree_released() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("128M"));
+    {
+        let m = oracle::Mount::new(&image, "");
+        // Free space in single blocks, then a directory that grows into them.
+        let fill = m.dir.join("fill");
+        let data = vec![7u8; 100 << 20];
+        std::fs::write(&fill, &data).unwrap();
+        for i in (0..6_000).step_by(2) {
+            oracle::run(Command::new("fallocate").args(["-p", "-o", &(i * 4096).to_string(), "-l", "4096"]).arg(&fill));
+        }
+        std::fs::create_dir(m.dir.join("t")).unwrap();
+        for i in 0..20_000 {
+            std::fs::File::create(m.dir.join(format!("t/name-{i:08}"))).unwrap();
+        }
+        std::fs::remove_file(&fill).unwrap();
+        m.unmount();
+    }
+    let ex = oracle::run(Command::new("debugfs").args(["-R", "ex /t"]).arg(&image));
+    assert!(ex.contains(" 1/ 1 "), "the directory's tree has depth 1:\n{ex}");
+    let counts = free_counts(&image);
+    {
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let stopped = fs.remove_tree_with_progress(ROOT_INO, b"t", &mut |r| {
+            if r.names >= 64 {
+                std::ops::ControlFlow::Break(())
+            } else {
+                std::ops::ControlFlow::Continue(())
+            }
+        });
+        assert!(matches!(stopped, Err(Error::Io(_))), "{stopped:?}");
+        fs.sync().unwrap();
+    }
+    assert!(!indexed(&image), "the directory was sorted");
+    oracle::assert_e2fsck_clean(&image);
+    {
+        let m = oracle::Mount::new(&image, "ro");
+        let seen = std::fs::read_dir(m.dir.join("t")).unwrap().count();
+        assert!(seen > 19_000 && seen < 20_000, "{seen} names");
+        m.unmount();
+    }
+    let fs = Filesystem::open(&image, rw()).unwrap();
+    fs.remove_tree(ROOT_INO, b"t").unwrap();
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+    assert!(free_counts(&image).0 > counts.0, "the directory's blocks are free again");
+}
