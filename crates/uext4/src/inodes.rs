@@ -51,7 +51,8 @@ impl Filesystem {
 
     /// On a miss for `ino`'s inode-table block, reads the aligned run of
     /// `INODE_READ_AHEAD_BLOCKS` around it (within its group's table) in one
-    /// request: remove_tree walks the table in order, so the run is used whole.
+    /// request, for callers that will use the run whole: remove_tree's windows,
+    /// and a miss that continues the previous one's run (`read_inode_from_table`).
     /// Only a hint: errors are left for the read that needs the block.
     pub(crate) fn read_ahead_inode(&self, ino: u32) {
         if let Some(end) = self.read_ahead_inode_run(ino) {

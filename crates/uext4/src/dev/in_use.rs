@@ -146,29 +146,24 @@ impl Users {
 /// holds it, and lists the mounts of the image.
 pub(crate) fn examine(file: &File, exclusive: bool) -> Result<Users> {
     let me = file.metadata()?;
+    // A process that forks while holding the image open (a test harness, a
+    // shell) shares our lock with the child until the child execs and its
+    // close-on-exec descriptors go: a holder with no mount to show for it may
+    // be that, for a moment, so it gets a short while to let go.
+    let taken_after_grace = |op: libc::c_int| -> Result<bool> {
+        let mut taken = lock_taken(file, op)?;
+        let mut tries = 0;
+        while taken && tries < LOCK_RETRIES && mounted_by(&me).is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            taken = lock_taken(file, op)?;
+            tries += 1;
+        }
+        Ok(taken)
+    };
     let locked = if exclusive {
-        let mut taken = lock_taken(file, libc::LOCK_EX)?;
-        // A process that forks while holding the image open (a test harness, a
-        // shell) shares our lock with the child until the child execs and its
-        // close-on-exec descriptors go: a holder with no mount to show for it may
-        // be that, for a moment, so it gets a short while to let go.
-        let mut tries = 0;
-        while taken && tries < LOCK_RETRIES && mounted_by(&me).is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            taken = lock_taken(file, libc::LOCK_EX)?;
-            tries += 1;
-        }
-        taken
+        taken_after_grace(libc::LOCK_EX)?
     } else {
-        // The same short grace as above for a lock held only by a forked
-        // child that has not exec'd yet (mkfs's probe met one in CI).
-        let mut taken = lock_taken(file, libc::LOCK_SH)?;
-        let mut tries = 0;
-        while taken && tries < LOCK_RETRIES && mounted_by(&me).is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            taken = lock_taken(file, libc::LOCK_SH)?;
-            tries += 1;
-        }
+        let taken = taken_after_grace(libc::LOCK_SH)?;
         if !taken {
             // Only a probe: a reader must not keep a writer out.
             // SAFETY: flock on a descriptor we own.

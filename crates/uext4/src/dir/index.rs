@@ -19,7 +19,7 @@ use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
 use std::sync::Arc;
 
-use super::DX_ROOT_COUNTLIMIT_OFFSET;
+use super::{DirEntryOwned, DX_ROOT_COUNTLIMIT_OFFSET};
 
 /// One index node on the path from the root to a leaf.
 struct Frame {
@@ -29,13 +29,6 @@ struct Frame {
     entries: Vec<DxEntry>,
     /// The entry followed downward.
     at: usize,
-}
-
-/// A directory entry held in memory while blocks are rebuilt.
-struct Named {
-    ino: u32,
-    file_type: u8,
-    name: Vec<u8>,
 }
 
 impl Filesystem {
@@ -174,7 +167,7 @@ impl Filesystem {
         Ok(inode)
     }
 
-    fn entries_of(&self, dir: u32, data: &[u8], lblk: u64) -> Result<Vec<Named>> {
+    fn entries_of(&self, dir: u32, data: &[u8], lblk: u64) -> Result<Vec<DirEntryOwned>> {
         let bs = self.vol.geo.block_size;
         let end = if self.vol.geo.metadata_csum { bs - DIRENT_TAIL_LEN } else { bs };
         let location = format!("directory inode {dir} block {lblk}");
@@ -182,14 +175,15 @@ impl Filesystem {
         for e in DirEntryIter::new(&data[..end], bs, self.vol.geo.has_filetype, self.vol.geo.inodes_count, &location) {
             let e = e?;
             if e.inode != 0 {
-                out.push(Named { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
+                out.push(DirEntryOwned { ino: e.inode, file_type: e.file_type, name: e.name.to_vec() });
             }
         }
         Ok(out)
     }
 
-    /// Rewrites a leaf block holding exactly `entries`, packed, with its tail.
-    fn write_leaf(&self, data: &mut [u8], entries: &[&Named], seed: u32) {
+    /// Rewrites a leaf block holding exactly `entries`, packed, with its tail
+    /// (a linear directory's block is the same shape: remove_tree's sort).
+    pub(crate) fn write_leaf(&self, data: &mut [u8], entries: &[&DirEntryOwned], seed: u32) {
         let bs = self.vol.geo.block_size;
         let end = if self.vol.geo.metadata_csum { bs - DIRENT_TAIL_LEN } else { bs };
         data.fill(0);
@@ -224,7 +218,7 @@ impl Filesystem {
     ) -> Result<(u64, u32)> {
         let old = self.dir_block(dir, inode, leaf)?;
         let entries = self.entries_of(dir, &old.read(), leaf)?;
-        let mut hashed: Vec<(u32, &Named)> =
+        let mut hashed: Vec<(u32, &DirEntryOwned)> =
             entries.iter().map(|e| Ok((self.dx_hash_of(root_version, &e.name)?, e))).collect::<Result<_>>()?;
         hashed.sort_by_key(|(h, _)| *h);
         let split = hashed.len() / 2;
@@ -232,8 +226,8 @@ impl Filesystem {
         let continued = split > 0 && hashed[split - 1].0 == split_hash;
         let (new_lblk, new_buf) = self.append_dir_block(tx, dir, inode)?;
         let seed = self.inode_seed(dir, inode);
-        let lower: Vec<&Named> = hashed[..split].iter().map(|(_, e)| *e).collect();
-        let upper: Vec<&Named> = hashed[split..].iter().map(|(_, e)| *e).collect();
+        let lower: Vec<&DirEntryOwned> = hashed[..split].iter().map(|(_, e)| *e).collect();
+        let upper: Vec<&DirEntryOwned> = hashed[split..].iter().map(|(_, e)| *e).collect();
         self.write_leaf(&mut old.write(), &lower, seed);
         tx.dirty(&old);
         self.write_leaf(&mut new_buf.write(), &upper, seed);
@@ -353,7 +347,7 @@ impl Filesystem {
             entries.iter().find(|e| e.name == b"..").map(|e| e.ino).ok_or_else(|| {
                 Error::corrupt("directory block 0 has no '..' entry", format!("directory inode {dir}"))
             })?;
-        let rest: Vec<&Named> = entries.iter().filter(|e| e.name != b"." && e.name != b"..").collect();
+        let rest: Vec<&DirEntryOwned> = entries.iter().filter(|e| e.name != b"." && e.name != b"..").collect();
         let (lblk, buf) = self.append_dir_block(tx, dir, inode)?;
         debug_assert_eq!(lblk, 1);
         let seed = self.inode_seed(dir, inode);

@@ -89,7 +89,7 @@ impl Filesystem {
 
     /// Brings blocks `lblk..lblk + count` of directory `ino` into the cache, as
     /// far as they lie contiguously on disk from `lblk`, in one request. For
-    /// scans that read every block in order (remove_tree's passes): one block
+    /// scans that read every block in order (remove_tree's passes and sort): one block
     /// at a time, each read is a seek away from whatever came between. Best
     /// effort: a mapping or device error is left for `dir_block` to report.
     pub(crate) fn read_ahead_dir(&self, ino: u32, inode: &Inode, lblk: u64, count: u64) {

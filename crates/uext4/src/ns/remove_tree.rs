@@ -342,24 +342,31 @@ impl Filesystem {
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             self.read_inline_dir(dir, &inode)?.into_iter().for_each(|e| keep(e, 0));
         } else {
-            let mut block = Vec::new();
-            let blocks = self.dir_blocks(dir, &inode)?;
-            let ahead = Self::DIR_READ_AHEAD_BLOCKS;
-            for lblk in 0..blocks {
-                if lblk.is_multiple_of(ahead) {
-                    self.read_ahead_dir(dir, &inode, lblk, ahead.min(blocks - lblk));
-                }
-                let buf = self.dir_block(dir, &inode, lblk)?;
-                self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
-                let lblk = u32::try_from(lblk).unwrap_or(u32::MAX);
-                block.drain(..).for_each(|e| keep(e, lblk));
-            }
+            self.scan_dir_blocks(dir, &inode, &mut |lblk, e| keep(e, u32::try_from(lblk).unwrap_or(u32::MAX)))?;
         }
         Ok(heap
             .into_sorted_vec()
             .into_iter()
             .map(|(ino, name, file_type, lblk)| (DirEntryOwned { ino, file_type, name }, lblk))
             .collect())
+    }
+
+    /// Hands every entry of the block-mapped directory `dir` to `each` with
+    /// its logical block, reading the blocks in order in runs of
+    /// `DIR_READ_AHEAD_BLOCKS` (both a pass and the sort read them all).
+    fn scan_dir_blocks(&self, dir: u32, inode: &Inode, each: &mut dyn FnMut(u64, DirEntryOwned)) -> Result<()> {
+        let mut block = Vec::new();
+        let blocks = self.dir_blocks(dir, inode)?;
+        let ahead = Self::DIR_READ_AHEAD_BLOCKS;
+        for lblk in 0..blocks {
+            if lblk.is_multiple_of(ahead) {
+                self.read_ahead_dir(dir, inode, lblk, ahead.min(blocks - lblk));
+            }
+            let buf = self.dir_block(dir, inode, lblk)?;
+            self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
+            block.drain(..).for_each(|e| each(lblk, e));
+        }
+        Ok(())
     }
 
     /// Removes the names of `batch` (entries of `dir`, one window's, in directory-block order) that
@@ -543,68 +550,39 @@ impl Filesystem {
     /// directory ("." and ".." first), each with its checksum tail; None when
     /// block 0 does not start with them.
     fn sorted_dir_blocks(&self, dir: u32, inode: &Inode) -> Result<Option<Vec<Vec<u8>>>> {
-        let count = self.dir_blocks(dir, inode)?;
         let mut entries = Vec::new();
-        let mut block = Vec::new();
         let mut dotdot = None;
-        for lblk in 0..count {
-            if lblk.is_multiple_of(Self::DIR_READ_AHEAD_BLOCKS) {
-                self.read_ahead_dir(dir, inode, lblk, Self::DIR_READ_AHEAD_BLOCKS.min(count - lblk));
-            }
-            let buf = self.dir_block(dir, inode, lblk)?;
-            self.parse_dir_block(dir, lblk, &buf.read(), &mut block)?;
-            for e in block.drain(..) {
-                match (lblk, e.name.as_slice()) {
-                    (0, b".") => {}
-                    (0, b"..") => dotdot = Some(e.ino),
-                    _ => entries.push(e),
-                }
-            }
-        }
-        let Some(parent) = dotdot else { return Ok(None) };
+        self.scan_dir_blocks(dir, inode, &mut |lblk, e| match (lblk, e.name.as_slice()) {
+            (0, b".") => {}
+            (0, b"..") => dotdot = Some(e),
+            _ => entries.push(e),
+        })?;
+        let Some(dotdot) = dotdot else { return Ok(None) };
         entries.sort_by_key(|e| e.ino);
         let bs = self.vol.geo.block_size;
-        let tail = if self.vol.geo.metadata_csum { crate::format::dirent::DIRENT_TAIL_LEN } else { 0 };
-        let dir_type = if self.vol.geo.has_filetype { crate::format::dirent::EXT4_FT_DIR } else { 0 };
+        let room = if self.vol.geo.metadata_csum { bs - crate::format::dirent::DIRENT_TAIL_LEN } else { bs };
         let seed = self.inode_seed(dir, inode);
-        let dots = [
-            DirEntryOwned { ino: dir, file_type: dir_type, name: b".".to_vec() },
-            DirEntryOwned { ino: parent, file_type: dir_type, name: b"..".to_vec() },
-        ];
+        let dot = DirEntryOwned { ino: dir, file_type: dotdot.file_type, name: b".".to_vec() };
         let mut out = Vec::new();
         let mut current: Vec<&DirEntryOwned> = Vec::new();
         let mut used = 0;
-        for e in dots.iter().chain(&entries) {
+        let mut seal = |current: &[&DirEntryOwned]| {
+            let mut data = vec![0u8; bs];
+            self.write_leaf(&mut data, current, seed);
+            out.push(data);
+        };
+        for e in [&dot, &dotdot].into_iter().chain(&entries) {
             let need = crate::format::dirent::rec_len_for(e.name.len());
-            if used + need > bs - tail {
-                out.push(self.linear_block(&current, tail, seed));
+            if used + need > room {
+                seal(&current);
                 current.clear();
                 used = 0;
             }
             current.push(e);
             used += need;
         }
-        out.push(self.linear_block(&current, tail, seed));
+        seal(&current);
         Ok(Some(out))
-    }
-
-    /// One directory block holding `entries` packed from its start, the last
-    /// one reaching the tail (or the block's end without metadata_csum).
-    fn linear_block(&self, entries: &[&DirEntryOwned], tail: usize, seed: u32) -> Vec<u8> {
-        use crate::format::dirent;
-        let bs = self.vol.geo.block_size;
-        let end = bs - tail;
-        let mut data = vec![0u8; bs];
-        let mut off = 0;
-        for (i, e) in entries.iter().enumerate() {
-            let len = if i + 1 == entries.len() { end - off } else { dirent::rec_len_for(e.name.len()) };
-            dirent::write_entry(&mut data, off, e.ino, len, e.file_type, &e.name, bs);
-            off += len;
-        }
-        if tail > 0 {
-            dirent::set_tail(&mut data, seed);
-        }
-        data
     }
 
     /// A new regular file with no links, on the orphan list, holding `blocks`

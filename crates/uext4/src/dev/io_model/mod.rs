@@ -12,7 +12,8 @@
 //!   distinct inode-table blocks written since `IoModel::new_epoch` (seed 000's
 //!   measure: how many inode-table blocks an operation dirties);
 //! - prices it on two disks (`cost`): the seeds' 7200 rpm SATA disk and a SATA
-//!   SSD, serving requests in issue order.
+//!   SSD, serving requests in issue order; the rotating disk's time is also
+//!   summed per class (`hdd_s_by_class`), to show where a phase's time goes.
 //!
 //! The model outlives the filesystems opened on it: a benchmark that closes and
 //! reopens an image (a cold cache) keeps one model, whose disk head stays where
