@@ -145,9 +145,9 @@ pub struct Filesystem {
     /// Parsed inodes (inodes.rs), sharded by inode number.
     pub(crate) inode_cache: Vec<Mutex<HashMap<u32, Arc<Inode>>>>,
     pub(crate) inode_cache_shard_capacity: usize,
-    /// The inode-table block just past the last one a miss read (inodes.rs):
-    /// a miss there is a walk in table order, which reads ahead.
-    pub(crate) itable_miss_end: std::sync::atomic::AtomicU64,
+    /// Where recent inode-table reads ended (inodes.rs): a miss there is a
+    /// walk in table order, which reads ahead.
+    pub(crate) table_walks: crate::inodes::TableWalks,
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
     /// Inodes whose extent tree split a node since the last sync: sync packs their
@@ -432,7 +432,7 @@ impl Filesystem {
             dir_structure: crate::locks::RwLockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             inode_cache_shard_capacity: shard_capacity,
-            itable_miss_end: std::sync::atomic::AtomicU64::new(0),
+            table_walks: crate::inodes::TableWalks::new(),
             replayed_journal_blocks,
         };
         if let Err(e) = fs.prepare_writes(&opts) {

@@ -402,6 +402,52 @@ fn hash_goal_makes_readdir_order_and_inode_order_agree_in_a_big_directory() {
     assert!(with >= 0.9, "hash_goal=on: rank correlation {with:.4} < 0.9");
 }
 
+/// A directory bigger than its first span (16 groups of 256 inodes here) goes on
+/// in a second span twice as long, just past the first: each span's names lie
+/// in hash order, so the kernel's readdir walks the table as one ascending run
+/// per span.
+#[test]
+fn a_directory_that_outgrows_its_span_keeps_hash_order_in_the_next_one() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("fs.img");
+    // 1 KiB blocks, 8,192 per group: 32 groups of 256 inodes.
+    mkfs(&image, &["-b", "1024", "-N", "8192"], "256M");
+    let entries = 6000;
+    let (big, first_end) = {
+        let fs = open(&image, DirReserve::Off, true);
+        let big = fs.mkdir(ROOT_INO, b"big", 0o755, ROOT).unwrap().ino;
+        let mut first = None;
+        for i in 0..entries {
+            fs.create(big, format!("entry-{i:07}").as_bytes(), 0o644, ROOT).unwrap();
+            first = first.or(fs.hash_span(big));
+        }
+        let (first, now) = (first.unwrap(), fs.hash_span(big).unwrap());
+        assert_eq!((first.start, first.len), (big + 1, 16 * 256), "the first span: 16 groups past the directory");
+        assert_eq!(now.start, first.start + first.len, "the second span starts where the first ends: {now:?}");
+        assert_eq!(now.start + now.len, 8193, "and is capped at the last inode: {now:?}");
+        (big, now.start as u64)
+    };
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    let inos = kernel_readdir_inodes(&m.dir.join("big"));
+    m.unmount();
+    assert_eq!(inos.len(), entries);
+    let (first, second): (Vec<u64>, Vec<u64>) = inos.iter().partition(|&&i| i < first_end);
+    assert!(first.iter().all(|&i| i > big as u64), "every name of the first span lies past the directory");
+    assert!(second.len() > 1000, "{} names in the second span", second.len());
+    let (c1, c2) = (rank_correlation(&first), rank_correlation(&second));
+    eprintln!(
+        "{} names in the first span, rank correlation {c1:.4}; {} in the second, {c2:.4}; all together {:.4}",
+        first.len(),
+        second.len(),
+        rank_correlation(&inos)
+    );
+    assert!(c1 >= 0.9 && c2 >= 0.9, "hash order within each span: {c1:.4}, {c2:.4}");
+}
+
 #[test]
 fn placement_options_parse_and_report() {
     let mut opts = Options::default();

@@ -17,9 +17,16 @@
 //! the stride halves: the directory's window of slots doubles (Daniel's "a new
 //! region twice the size") without moving any inode it already has, and the new
 //! slots fall between the old ones, so hash order and inode order still agree.
-//! A window that doubled into separate runs of inode numbers would not keep
-//! them in agreement: names arrive in random hash order, so each run would hold
-//! the whole hash range again.
+//!
+//! Only when the span is full (a name with a hash was placed outside it by the
+//! ordinary pass) does the directory move on to a new span twice as long,
+//! starting where the old one ends. Names then arrive in random hash order, so
+//! each span holds the whole hash range again: a hash-order walk is one
+//! ascending run of inode numbers per span, interleaved, which the inode
+//! table's read-ahead follows as separate walks (inodes.rs, `TableWalks`), and
+//! which costs the rank correlation of hash and inode order what the later
+//! spans hold. A span that would start past the last inode is not made: the
+//! directory's later names go where the ordinary pass puts them.
 //!
 //! The span is a goal, not a reservation: other directories may take slots in
 //! it, and a slot taken pushes the goal to the next free one. Spreading a
@@ -69,7 +76,9 @@ impl Span {
 /// The `hash_goal` placement policy (see the module comment).
 #[derive(Default)]
 pub struct HashGoal {
-    spans: Mutex<HashMap<u32, Span>>,
+    /// By directory; None once the directory has outgrown the last span the
+    /// filesystem has room for.
+    spans: Mutex<HashMap<u32, Option<Span>>>,
 }
 
 impl HashGoal {
@@ -140,7 +149,10 @@ impl InodePolicy for HashGoal {
             if spans.len() >= MAX_DIRS {
                 spans.clear();
             }
-            *spans.entry(req.parent).or_insert_with(|| self.new_span(vol, req))
+            match *spans.entry(req.parent).or_insert_with(|| Some(self.new_span(vol, req))) {
+                Some(span) => span,
+                None => return Vec::new(),
+            }
         };
         let ipg = vol.geo.inodes_per_group as u64;
         let group = |ino: u64| ((ino - 1) / ipg) as u32;
@@ -158,7 +170,7 @@ impl InodePolicy for HashGoal {
             (group_lo..group_hi).contains(&ino) && usable(i) && !bitmap::test_bit(bits, i as usize)
         };
         let mut spans = self.spans.lock();
-        let span = spans.get_mut(&req.parent)?;
+        let span = spans.get_mut(&req.parent)?.as_mut()?;
         // On the grid near the goal; where the grid there is full (and all in
         // this group), halve the stride and look again.
         loop {
@@ -182,6 +194,27 @@ impl InodePolicy for HashGoal {
         (from..to).find(|&ino| free(ino)).map(|ino| (ino - group_lo) as u32)
     }
 
+    /// A name of a full span's directory placed by the ordinary pass, outside
+    /// the span: the directory's next names go to a span twice as long, just
+    /// past this one.
+    fn allocated(&self, vol: &Volume, req: &InodeRequest, ino: u32) {
+        if req.name_hash.is_none() {
+            return;
+        }
+        let mut spans = self.spans.lock();
+        let Some(slot) = spans.get_mut(&req.parent) else { return };
+        let Some(span) = *slot else { return };
+        if (span.start as u64..span.end()).contains(&(ino as u64)) {
+            return;
+        }
+        let last = vol.geo.inodes_count as u64;
+        let start = span.end();
+        *slot = (start <= last).then(|| {
+            let len = (2 * span.len as u64).min(last + 1 - start);
+            Span { start: start as u32, len: len as u32, stride: 1 }
+        });
+    }
+
     fn freed(&self, _vol: &Volume, ino: u32, was_dir: bool) {
         if was_dir {
             self.spans.lock().remove(&ino);
@@ -197,7 +230,7 @@ impl InodePolicy for HashGoal {
     }
 
     fn hash_span(&self, dir: u32) -> Option<Span> {
-        self.spans.lock().get(&dir).copied()
+        self.spans.lock().get(&dir).copied().flatten()
     }
 }
 

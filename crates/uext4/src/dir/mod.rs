@@ -1,6 +1,7 @@
 //! Directories: linear blocks, htree (hashed index) lookup, and inline directories.
 //!
-//! Listing reads every block in logical order; htree interior blocks hide from a
+//! Listing reads every block in logical order (an indexed directory's names are
+//! then put in hash order, as the kernel lists them); htree interior blocks hide from a
 //! linear reader behind fake entries, so one loop serves both kinds, but checksums
 //! differ: a block is verified as an index node when it is one (block 0 of an
 //! indexed directory, or a block whose first entry is empty and spans the block),
@@ -157,7 +158,9 @@ impl Filesystem {
         entries.len() == 2 && entries[0].name == b"." && entries[0].ino == ino && entries[1].name == b".."
     }
 
-    /// Every entry of the directory, "." and ".." included, in on-disk order.
+    /// Every entry of the directory, "." and ".." included, in readdir order:
+    /// on-disk order for a linear or inline directory, hash order for an indexed
+    /// one (see [`Filesystem::in_hash_order`]).
     ///
     /// # Errors
     /// `NotADirectory` when `ino` is not a directory; `Corrupt` for a damaged directory block.
@@ -181,7 +184,45 @@ impl Filesystem {
             let data = buf.read();
             self.parse_dir_block(ino, lblk, &data, &mut out)?;
         }
+        if self.is_indexed(&inode) {
+            out = self.in_hash_order(ino, &inode, out);
+        }
         Ok(out)
+    }
+
+    /// An indexed directory's listing in the kernel's readdir order
+    /// (`ext4_dx_readdir`): "." and ".." first, then every name by its
+    /// (major, minor) hash; equal hashes keep their on-disk order.
+    ///
+    /// Why not on-disk order: a leaf split moves half a leaf to a block at the
+    /// directory's end, so block order is unrelated to both hash and inode
+    /// order, whereas hash order is what every program walking the kernel's
+    /// mount sees (rm -rf, find, backups), and what `hash_goal` lines inode
+    /// numbers up with. The listing is read in block order all the same: the
+    /// device sees one sequential pass instead of the kernel's leaf-by-leaf
+    /// walk of the index.
+    ///
+    /// Where the root's hash cannot be computed (a damaged root, a hash this
+    /// library does not implement) the listing stays in on-disk order, as the
+    /// kernel's readdir falls back to a linear walk of a bad index.
+    fn in_hash_order(&self, ino: u32, inode: &Inode, mut out: Vec<DirEntryOwned>) -> Vec<DirEntryOwned> {
+        let version = match self.dir_block(ino, inode, 0) {
+            Ok(root) => match htree::parse_root_info(&root.read(), &format!("htree of directory inode {ino}")) {
+                Ok(info) => self.effective_hash_version(info.hash_version),
+                Err(_) => return out,
+            },
+            Err(_) => return out,
+        };
+        let dots = out.iter().take(2).take_while(|e| e.name == b"." || e.name == b"..").count();
+        let keys: Result<Vec<(u32, u32)>> = out[dots..]
+            .iter()
+            .map(|e| hash::dx_hash(&e.name, version, &self.vol.geo.hash_seed).map(|h| (h.major, h.minor)))
+            .collect();
+        let Ok(keys) = keys else { return out };
+        let mut keyed: Vec<_> = keys.into_iter().zip(out.drain(dots..)).collect();
+        keyed.sort_by_key(|(h, _)| *h);
+        out.extend(keyed.into_iter().map(|(_, e)| e));
+        out
     }
 
     pub(crate) fn parse_dir_block(&self, ino: u32, lblk: u64, data: &[u8], out: &mut Vec<DirEntryOwned>) -> Result<()> {
