@@ -1074,7 +1074,10 @@ fn io_errors_in_the_middle_of_operations() {
          failed cleanly; {promised} fsync'd files verified; {early} runs ended before their fault",
         faults.len()
     );
-    assert!(on_reads >= faults.len() * 2 / 5, "only {on_reads} faults fall on reads");
+    // The workload makes about 210 read requests (inode-table walks read 32
+    // blocks in one), and every one of them gets its fault; a quarter of the
+    // faults on reads leaves room for read-ahead to vary with timing.
+    assert!(on_reads >= faults.len() / 4, "only {on_reads} faults fall on reads");
     assert!(faults.len() >= total * 9 / 10, "only {} distinct faults", faults.len());
     assert!(early <= faults.len() / 20, "{early} runs ended before their fault");
     assert!(errored > 0, "no fault reached the error state: the phase tests nothing");
@@ -1613,14 +1616,15 @@ fn power_cuts_while_inline_data_xattr_blocks_and_directories_change_shape() {
 // same kind and content); a second remove_tree then finishes it, leaving the
 // free block and inode counts of before the tree existed.
 //
-// UEXT4_CRASH_RMTREE_CUTS=N sets the cuts (default 40, about a minute: each
-// cut runs, recovers, walks, checks and removes again a 20,000-entry tree; the
-// issue's figure is 500): four in five power cuts spread over the removal's
-// writes (about 70 with its 4 MiB cache: asking for more adds no new power
-// cuts, only tears), one in five torn multi-block writes. e2fsck also judges the finished
-// image of every third cut.
+// UEXT4_CRASH_RMTREE_CUTS=N sets the cuts (default 500, the issue's figure,
+// about three and a half minutes on two cores: each cut runs, recovers, walks,
+// checks and removes again a 20,000-entry tree): power cuts after each of the
+// removal's writes (about 60 with its 4 MiB cache), the rest torn multi-block
+// writes, each tear a different point inside one (about 2,900 to choose
+// from), so that every cut leaves a different image. e2fsck also judges the
+// finished image of every third cut.
 
-const RMTREE_CUTS_DEFAULT: usize = 40;
+const RMTREE_CUTS_DEFAULT: usize = 500;
 
 fn rmtree_options() -> Options {
     // A small cache: the removal commits many transactions, so cuts fall
@@ -1796,22 +1800,21 @@ fn power_cuts_inside_remove_tree() {
     let total = sizes.len() as u64;
     let cuts =
         std::env::var("UEXT4_CRASH_RMTREE_CUTS").ok().and_then(|v| v.parse().ok()).unwrap_or(RMTREE_CUTS_DEFAULT);
-    let drops = (cuts * 4 / 5).max(1) as u64;
-    let mut faults: Vec<Fault> = (0..drops).map(|i| Fault::DropAfter(1 + i * (total - 2) / drops)).collect();
+    // Every cut a different image: power cuts after distinct writes (at most
+    // one per write), and the rest of the cuts asked for as tears, each a
+    // different (write, whole units kept) of the writes of more than one unit,
+    // spread evenly over all such pairs.
+    let drops = ((cuts * 4 / 5).max(1) as u64).min(total - 1);
+    let mut faults: Vec<Fault> = (0..drops).map(|i| Fault::DropAfter(1 + i * (total - 1) / drops)).collect();
     faults.dedup();
-    // Tears: spread over the writes of more than one unit, each a different
-    // keep; as many as asked, cycling over those writes.
-    let multi: Vec<u64> = (1..=total).filter(|&n| sizes[n as usize - 1] > ATOMIC_UNIT).collect();
-    let mut tear_rng = Rng(18);
-    let tears = cuts - cuts * 4 / 5;
-    for k in 0..tears {
-        let Some(&n) = multi.get((k * multi.len().max(1) / tears.max(1) + k / multi.len().max(1)) % multi.len().max(1))
-        else {
-            break;
-        };
-        let units = sizes[n as usize - 1].div_ceil(ATOMIC_UNIT);
-        faults.push(Fault::Tear { write: n, keep: (1 + tear_rng.below(units - 1)) * ATOMIC_UNIT });
-    }
+    let tear_points: Vec<(u64, usize)> = (1..=total)
+        .flat_map(|n| (1..sizes[n as usize - 1].div_ceil(ATOMIC_UNIT)).map(move |u| (n, u * ATOMIC_UNIT)))
+        .collect();
+    let tears = (cuts - faults.len()).min(tear_points.len());
+    faults.extend((0..tears).map(|k| {
+        let (write, keep) = tear_points[k * tear_points.len() / tears];
+        Fault::Tear { write, keep }
+    }));
     let next = AtomicUsize::new(0);
     let (left, early) = (AtomicU64::new(0), AtomicUsize::new(0));
     let partial = AtomicUsize::new(0);
@@ -1839,11 +1842,14 @@ fn power_cuts_inside_remove_tree() {
     });
     let (left, early, partial) = (left.into_inner(), early.into_inner(), partial.into_inner());
     eprintln!(
-        "remove_tree: {} cuts over {total} writes of removing {} names: {partial} left the tree part-removed \
-         ({left} names left in all), {early} runs ended before their cut",
+        "remove_tree: {} distinct cuts ({drops} power cuts, {tears} tears of {} possible) over {total} writes of \
+         removing {} names: {partial} left the tree part-removed ({left} names left in all), {early} runs ended \
+         before their cut",
         faults.len(),
+        tear_points.len(),
         b.tree.len()
     );
+    assert!(faults.len() >= cuts * 9 / 10, "only {} distinct cuts of the {cuts} asked for", faults.len());
     assert!(early <= faults.len() / 10, "{early} of {} runs ended before their cut", faults.len());
     assert!(partial >= faults.len() / 4, "only {partial} cuts fell inside the removal");
 }
