@@ -18,11 +18,12 @@
 //! region twice the size") without moving any inode it already has, and the new
 //! slots fall between the old ones, so hash order and inode order still agree.
 //!
-//! Only when the span is full (a name with a hash was placed outside it by the
-//! ordinary pass) does the directory move on to a new span twice as long,
-//! starting where the old one ends. Names then arrive in random hash order, so
-//! each span holds the whole hash range again: a hash-order walk is one
-//! ascending run of inode numbers per span, interleaved, which the inode
+//! Only when the span is full (a name with a hash was placed outside it: by the
+//! ordinary pass, or by a `dir_ireserve` window when both options are on,
+//! which may come a little early) does the directory move on to a new span
+//! twice as long, starting where the old one ends. Names arrive in random hash
+//! order, so each span holds the whole hash range again: a hash-order walk is
+//! one ascending run of inode numbers per span, interleaved, which the inode
 //! table's read-ahead follows as separate walks (inodes.rs, `TableWalks`), and
 //! which costs the rank correlation of hash and inode order what the later
 //! spans hold. A span that would start past the last inode is not made: the
@@ -194,8 +195,8 @@ impl InodePolicy for HashGoal {
         (from..to).find(|&ino| free(ino)).map(|ino| (ino - group_lo) as u32)
     }
 
-    /// A name of a full span's directory placed by the ordinary pass, outside
-    /// the span: the directory's next names go to a span twice as long, just
+    /// A hashed name placed outside its directory's span (see the module
+    /// comment): the directory's next names go to a span twice as long, just
     /// past this one.
     fn allocated(&self, vol: &Volume, req: &InodeRequest, ino: u32) {
         if req.name_hash.is_none() {
