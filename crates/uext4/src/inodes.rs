@@ -208,10 +208,12 @@ const CONFIRMED: u64 = 1 << 63;
 /// blocks is seen as a walk in table order going on. Several at once: a
 /// `hash_goal` directory that outgrew its first span is walked in hash order
 /// as one ascending run of inode numbers per span, interleaved; other threads
-/// walk tables of their own. A walk reads ahead from its third miss in a row
-/// on: with eight ends kept, a single match would send about one random miss in
-/// 60 of a 500-block table into a 32-block read. Only a hint: racing updates
-/// may lose a walk, which then costs one-block reads until it is seen again.
+/// walk tables of their own. Slots are reused in turn, so a walk that stopped
+/// is forgotten after eight misses elsewhere. A walk reads ahead from its
+/// third miss in a row on: with eight ends kept, a single match would send
+/// about one random miss in 60 of a 500-block table into a 32-block read.
+/// Only a hint: racing updates may lose a walk, which then costs one-block
+/// reads until it is seen again.
 pub(crate) struct TableWalks {
     /// The block just past a walk's last read, with `CONFIRMED` once it has
     /// gone on for two misses; u64::MAX for none.
@@ -283,7 +285,10 @@ mod tests {
             (a, b) = (a / 32 * 32 + 32, b / 32 * 32 + 32);
         }
         // Misses elsewhere, even one next to another, are no walk and, up to
-        // TABLE_WALKS - 2 of them, do not push the two walks out.
+        // TABLE_WALKS - 3 more of them, do not push the two walks out. (Slots
+        // are reused in turn: a walk that stops is forgotten after eight
+        // misses, so stale walks do not turn later random misses into reads
+        // ahead.)
         assert!(!walks.continues(90_000) && !walks.continues(90_001));
         for k in 0..(TABLE_WALKS as u64 - 3) {
             assert!(!walks.continues(100_000 + 7 * k));

@@ -1804,13 +1804,14 @@ fn power_cuts_inside_remove_tree() {
     // one per write), and the rest of the cuts asked for as tears, each a
     // different (write, whole units kept) of the writes of more than one unit,
     // spread evenly over all such pairs.
+    assert!(total >= 2, "the reference removal made {total} writes: nothing to cut between");
     let drops = ((cuts * 4 / 5).max(1) as u64).min(total - 1);
     let mut faults: Vec<Fault> = (0..drops).map(|i| Fault::DropAfter(1 + i * (total - 1) / drops)).collect();
     faults.dedup();
     let tear_points: Vec<(u64, usize)> = (1..=total)
         .flat_map(|n| (1..sizes[n as usize - 1].div_ceil(ATOMIC_UNIT)).map(move |u| (n, u * ATOMIC_UNIT)))
         .collect();
-    let tears = (cuts - faults.len()).min(tear_points.len());
+    let tears = cuts.saturating_sub(faults.len()).min(tear_points.len());
     faults.extend((0..tears).map(|k| {
         let (write, keep) = tear_points[k * tear_points.len() / tears];
         Fault::Tear { write, keep }

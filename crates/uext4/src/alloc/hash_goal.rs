@@ -35,7 +35,10 @@
 //! to `stride` slots apart, one per inode-table block at first); that is the
 //! price Daniel named. After a remount the span is derived again from the leaf
 //! block the name goes into: a straight line fitted through its entries'
-//! (hash, inode) pairs, with stride 1.
+//! (hash, inode) pairs, with stride 1. A directory that had outgrown its first
+//! span has leaves mixing names of several spans, through which no line fits
+//! well (or at all: then it gets a fresh span, which the doubling moves on from
+//! as before); its new names keep only the order within each leaf.
 //!
 //! The state mutex is a leaf lock, taken under a group lock or alone.
 
@@ -79,7 +82,21 @@ impl Span {
 pub struct HashGoal {
     /// By directory; None once the directory has outgrown the last span the
     /// filesystem has room for.
-    spans: Mutex<HashMap<u32, Option<Span>>>,
+    spans: Mutex<HashMap<u32, Option<DirSpans>>>,
+}
+
+/// A directory's current span, and where its first one began: its earlier
+/// spans lie in [origin, span.start), one after the other.
+#[derive(Clone, Copy, Debug)]
+struct DirSpans {
+    span: Span,
+    origin: u32,
+}
+
+impl DirSpans {
+    fn new(span: Span) -> DirSpans {
+        DirSpans { span, origin: span.start }
+    }
 }
 
 impl HashGoal {
@@ -150,8 +167,8 @@ impl InodePolicy for HashGoal {
             if spans.len() >= MAX_DIRS {
                 spans.clear();
             }
-            match *spans.entry(req.parent).or_insert_with(|| Some(self.new_span(vol, req))) {
-                Some(span) => span,
+            match *spans.entry(req.parent).or_insert_with(|| Some(DirSpans::new(self.new_span(vol, req)))) {
+                Some(d) => d.span,
                 None => return Vec::new(),
             }
         };
@@ -171,7 +188,7 @@ impl InodePolicy for HashGoal {
             (group_lo..group_hi).contains(&ino) && usable(i) && !bitmap::test_bit(bits, i as usize)
         };
         let mut spans = self.spans.lock();
-        let span = spans.get_mut(&req.parent)?.as_mut()?;
+        let span = &mut spans.get_mut(&req.parent)?.as_mut()?.span;
         // On the grid near the goal; where the grid there is full (and all in
         // this group), halve the stride and look again.
         loop {
@@ -195,24 +212,27 @@ impl InodePolicy for HashGoal {
         (from..to).find(|&ino| free(ino)).map(|ino| (ino - group_lo) as u32)
     }
 
-    /// A hashed name placed outside its directory's span (see the module
-    /// comment): the directory's next names go to a span twice as long, just
-    /// past this one.
+    /// A hashed name placed outside every span its directory has had (see the
+    /// module comment): the directory's next names go to a span twice as long,
+    /// just past the current one. One placed in an earlier span is no sign
+    /// that the current one is full: under pdirops several creates run at once,
+    /// and one that picked its slot before another moved the span on reports
+    /// after it.
     fn allocated(&self, vol: &Volume, req: &InodeRequest, ino: u32) {
         if req.name_hash.is_none() {
             return;
         }
         let mut spans = self.spans.lock();
         let Some(slot) = spans.get_mut(&req.parent) else { return };
-        let Some(span) = *slot else { return };
-        if (span.start as u64..span.end()).contains(&(ino as u64)) {
+        let Some(DirSpans { span, origin }) = *slot else { return };
+        if (origin as u64..span.end()).contains(&(ino as u64)) {
             return;
         }
         let last = vol.geo.inodes_count as u64;
         let start = span.end();
         *slot = (start <= last).then(|| {
             let len = (2 * span.len as u64).min(last + 1 - start);
-            Span { start: start as u32, len: len as u32, stride: 1 }
+            DirSpans { span: Span { start: start as u32, len: len as u32, stride: 1 }, origin }
         });
     }
 
@@ -231,7 +251,7 @@ impl InodePolicy for HashGoal {
     }
 
     fn hash_span(&self, dir: u32) -> Option<Span> {
-        self.spans.lock().get(&dir).copied().flatten()
+        self.spans.lock().get(&dir).copied().flatten().map(|d| d.span)
     }
 }
 

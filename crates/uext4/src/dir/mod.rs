@@ -159,8 +159,8 @@ impl Filesystem {
     }
 
     /// Every entry of the directory, "." and ".." included, in readdir order:
-    /// on-disk order for a linear or inline directory, hash order for an indexed
-    /// one (see [`Filesystem::in_hash_order`]).
+    /// on-disk order for a linear or inline directory, hash order after "." and
+    /// ".." for an indexed one (see `in_hash_order`).
     ///
     /// # Errors
     /// `NotADirectory` when `ino` is not a directory; `Corrupt` for a damaged directory block.
@@ -179,20 +179,28 @@ impl Filesystem {
             return self.read_inline_dir(ino, &inode);
         }
         let mut out = Vec::new();
+        let mut in_root = 0;
         for lblk in 0..self.dir_blocks(ino, &inode)? {
             let buf = self.dir_block(ino, &inode, lblk)?;
             let data = buf.read();
             self.parse_dir_block(ino, lblk, &data, &mut out)?;
+            if lblk == 0 {
+                in_root = out.len();
+            }
         }
         if self.is_indexed(&inode) {
-            out = self.in_hash_order(ino, &inode, out);
+            out = self.in_hash_order(ino, &inode, out, in_root.min(2));
         }
         Ok(out)
     }
 
     /// An indexed directory's listing in the kernel's readdir order
-    /// (`ext4_dx_readdir`): "." and ".." first, then every name by its
-    /// (major, minor) hash; equal hashes keep their on-disk order.
+    /// (`ext4_dx_readdir`): the root block's entries ("." and "..", the first
+    /// `dots` of `out`) first, as the kernel takes them from the root's fixed
+    /// slots, then every name by its (major, minor) hash; equal hashes keep
+    /// their on-disk order. (The kernel lists one-block and inline directories
+    /// in hash order too, dots included; uext4 keeps those in on-disk order,
+    /// which no program may rely on either way.)
     ///
     /// Why not on-disk order: a leaf split moves half a leaf to a block at the
     /// directory's end, so block order is unrelated to both hash and inode
@@ -204,8 +212,10 @@ impl Filesystem {
     ///
     /// Where the root's hash cannot be computed (a damaged root, a hash this
     /// library does not implement) the listing stays in on-disk order, as the
-    /// kernel's readdir falls back to a linear walk of a bad index.
-    fn in_hash_order(&self, ino: u32, inode: &Inode, mut out: Vec<DirEntryOwned>) -> Vec<DirEntryOwned> {
+    /// kernel's readdir falls back to a linear walk of a bad index on a
+    /// filesystem without metadata_csum; lookups through the index still
+    /// report the damage.
+    fn in_hash_order(&self, ino: u32, inode: &Inode, mut out: Vec<DirEntryOwned>, dots: usize) -> Vec<DirEntryOwned> {
         let version = match self.dir_block(ino, inode, 0) {
             Ok(root) => match htree::parse_root_info(&root.read(), &format!("htree of directory inode {ino}")) {
                 Ok(info) => self.effective_hash_version(info.hash_version),
@@ -213,7 +223,6 @@ impl Filesystem {
             },
             Err(_) => return out,
         };
-        let dots = out.iter().take(2).take_while(|e| e.name == b"." || e.name == b"..").count();
         let keys: Result<Vec<(u32, u32)>> = out[dots..]
             .iter()
             .map(|e| hash::dx_hash(&e.name, version, &self.vol.geo.hash_seed).map(|h| (h.major, h.minor)))
