@@ -26,6 +26,23 @@ fn levels(image: &std::path::Path) -> Option<u32> {
     out.lines().find_map(|l| l.trim().strip_prefix("Indirect levels:").map(|v| v.trim().parse().unwrap()))
 }
 
+/// The kernel lists an indexed directory in hash order (`ext4_dx_readdir`), and
+/// uext4's `read_dir` must list it in the same order, name for name: what a
+/// program walking either sees, and what `hash_goal` lines inode numbers up with.
+fn assert_kernel_listing_order(image: &std::path::Path, dir: &str) {
+    let m = oracle::Mount::new(image, "ro");
+    let kernel: Vec<Vec<u8>> =
+        std::fs::read_dir(m.dir.join(dir)).unwrap().map(|e| e.unwrap().file_name().as_bytes().to_vec()).collect();
+    m.unmount();
+    let fs = Filesystem::open(image, Options::default()).unwrap();
+    let ino = fs.lookup_path(format!("/{dir}").as_bytes()).unwrap();
+    let ours: Vec<Vec<u8>> = fs.read_dir(ino).unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(&ours[..2], &[b".".to_vec(), b"..".to_vec()], "the dots come first");
+    assert_eq!(ours.len() - 2, kernel.len());
+    let first_difference = ours[2..].iter().zip(&kernel).position(|(a, b)| a != b);
+    assert_eq!(first_difference, None, "uext4's listing departs from the kernel's readdir order");
+}
+
 /// `count` names of `len` bytes into one new directory, then every third removed.
 fn fill_and_thin(mkfs_args: &[&str], size: &str, count: usize, len: usize, want_levels: u32) {
     if !oracle::require_e2fsprogs() || !oracle::require_loop() {
@@ -74,6 +91,8 @@ fn fill_and_thin(mkfs_args: &[&str], size: &str, count: usize, len: usize, want_
     for n in expect.iter().step_by(101) {
         assert!(m.dir.join("big").join(std::ffi::OsStr::from_bytes(n)).exists());
     }
+    m.unmount();
+    assert_kernel_listing_order(&image, "big");
 }
 
 #[test]
@@ -113,6 +132,9 @@ fn unsigned_hash_and_tea() {
         }
     }
     oracle::assert_e2fsck_clean(&image);
+    if oracle::require_loop() {
+        assert_kernel_listing_order(&image, "big");
+    }
 }
 
 #[test]
