@@ -143,7 +143,7 @@ pub struct Filesystem {
     pub(crate) vol: Arc<Volume>,
     pub(crate) alloc: Arc<Allocator>,
     /// Parsed inodes (inodes.rs), sharded by inode number.
-    pub(crate) inode_cache: Vec<Mutex<HashMap<u32, Arc<Inode>>>>,
+    pub(crate) inode_cache: Vec<Mutex<crate::number_map::NumberMap<u32, Arc<Inode>>>>,
     pub(crate) inode_cache_shard_capacity: usize,
     /// Where recent inode-table reads ended (inodes.rs): a miss there is a
     /// walk in table order, which reads ahead.
@@ -430,7 +430,7 @@ impl Filesystem {
             inode_locks: crate::locks::RwLockTable::default(),
             attr_locks: crate::locks::LockTable::default(),
             dir_structure: crate::locks::RwLockTable::default(),
-            inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(Default::default())).collect(),
             inode_cache_shard_capacity: shard_capacity,
             table_walks: crate::inodes::TableWalks::new(),
             replayed_journal_blocks,

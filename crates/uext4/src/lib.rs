@@ -135,6 +135,8 @@ pub mod mkfs;
 #[doc(hidden)]
 pub mod ns;
 #[doc(hidden)]
+pub mod number_map;
+#[doc(hidden)]
 pub mod tunables;
 #[doc(hidden)]
 pub mod volume;

@@ -10,25 +10,25 @@
 //! of docs/ARCHITECTURE.md); `lock_many`, `write_many` and `lock_modes` do that
 //! for them.
 
+use crate::number_map::NumberMap;
 use parking_lot::{ArcMutexGuard, ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawMutex, RawRwLock, RwLock};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 const SHARDS: usize = 64;
 
 /// Locks of type `L`, one per key in use, in shards.
 struct Shards<L> {
-    shards: Vec<Mutex<HashMap<u64, Arc<L>>>>,
+    shards: Vec<Mutex<NumberMap<u64, Arc<L>>>>,
 }
 
 impl<L: Default> Default for Shards<L> {
     fn default() -> Shards<L> {
-        Shards { shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect() }
+        Shards { shards: (0..SHARDS).map(|_| Mutex::new(NumberMap::default())).collect() }
     }
 }
 
 impl<L: Default> Shards<L> {
-    fn shard(&self, key: u64) -> &Mutex<HashMap<u64, Arc<L>>> {
+    fn shard(&self, key: u64) -> &Mutex<NumberMap<u64, Arc<L>>> {
         // Keys are inode numbers: consecutive ones land in different shards.
         &self.shards[(key % SHARDS as u64) as usize]
     }

@@ -24,8 +24,9 @@
 
 use crate::dev::{BlockDevice, IoClass};
 use crate::error::Result;
+use crate::number_map::NumberMap;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +63,7 @@ impl Buffer {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<u64, Arc<Buffer>>,
+    map: NumberMap<u64, Arc<Buffer>>,
     clock: VecDeque<u64>,
 }
 
