@@ -36,6 +36,14 @@ impl Filesystem {
         Ok(hash::dx_hash(name, self.effective_hash_version(root_version), &self.vol.geo.hash_seed)?.major)
     }
 
+    /// The hash version in directory `dir`'s dx_root (before the superblock's
+    /// unsigned flag is applied: `effective_hash_version`).
+    pub(crate) fn dx_root_version(&self, dir: u32, inode: &Inode) -> Result<u8> {
+        let root = self.dir_block(dir, inode, 0)?;
+        let info = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?;
+        Ok(info.hash_version)
+    }
+
     /// The root's hash version and the frames leading to the leaf for `hash`.
     fn dx_frames(&self, dir: u32, inode: &Inode, hash: u32) -> Result<(u8, u8, Vec<Frame>)> {
         let bs = self.vol.geo.block_size;
@@ -70,18 +78,12 @@ impl Filesystem {
 
     /// The hash the index files `name` under in directory `dir`.
     pub(crate) fn dx_name_hash(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u32> {
-        let root = self.dir_block(dir, inode, 0)?;
-        let version = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
-        self.dx_hash_of(version, name)
+        self.dx_hash_of(self.dx_root_version(dir, inode)?, name)
     }
 
     /// The leaf block `name` belongs in.
     pub(crate) fn dx_leaf_for(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u64> {
-        let root_version = {
-            let root = self.dir_block(dir, inode, 0)?;
-            let v = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
-            v
-        };
+        let root_version = self.dx_root_version(dir, inode)?;
         let hash = self.dx_hash_of(root_version, name)?;
         let (_, _, frames) = self.dx_frames(dir, inode, hash)?;
         let f = frames.last().expect("an htree has a root frame");
@@ -126,11 +128,7 @@ impl Filesystem {
         ino: u32,
         ft: u8,
     ) -> Result<bool> {
-        let root_version = {
-            let root = self.dir_block(dir, inode, 0)?;
-            let v = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
-            v
-        };
+        let root_version = self.dx_root_version(dir, inode)?;
         let hash = self.dx_hash_of(root_version, name)?;
         let (_, _, frames) = self.dx_frames(dir, inode, hash)?;
         let f = frames.last().expect("an htree has a root frame");
@@ -147,11 +145,7 @@ impl Filesystem {
         ino: u32,
         ft: u8,
     ) -> Result<Inode> {
-        let root_version = {
-            let root = self.dir_block(dir, &inode, 0)?;
-            let v = htree::parse_root_info(&root.read(), &format!("htree of directory inode {dir}"))?.hash_version;
-            v
-        };
+        let root_version = self.dx_root_version(dir, &inode)?;
         let hash = self.dx_hash_of(root_version, name)?;
         let (_, levels, mut frames) = self.dx_frames(dir, &inode, hash)?;
         let leaf = {

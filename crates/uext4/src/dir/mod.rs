@@ -216,13 +216,8 @@ impl Filesystem {
     /// filesystem without metadata_csum; lookups through the index still
     /// report the damage.
     fn in_hash_order(&self, ino: u32, inode: &Inode, mut out: Vec<DirEntryOwned>, dots: usize) -> Vec<DirEntryOwned> {
-        let version = match self.dir_block(ino, inode, 0) {
-            Ok(root) => match htree::parse_root_info(&root.read(), &format!("htree of directory inode {ino}")) {
-                Ok(info) => self.effective_hash_version(info.hash_version),
-                Err(_) => return out,
-            },
-            Err(_) => return out,
-        };
+        let Ok(root_version) = self.dx_root_version(ino, inode) else { return out };
+        let version = self.effective_hash_version(root_version);
         let keys: Result<Vec<(u32, u32)>> = out[dots..]
             .iter()
             .map(|e| hash::dx_hash(&e.name, version, &self.vol.geo.hash_seed).map(|h| (h.major, h.minor)))
