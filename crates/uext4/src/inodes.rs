@@ -51,8 +51,9 @@ impl Filesystem {
 
     /// On a miss for `ino`'s inode-table block, reads the aligned run of
     /// `INODE_READ_AHEAD_BLOCKS` around it (within its group's table) in one
-    /// request, for callers that will use the run whole: remove_tree's windows,
-    /// and a miss that continues the previous one's run (`read_inode_from_table`).
+    /// request, for a caller that will use the run whole (remove_tree's
+    /// windows); the read starts a walk in `table_walks`. A miss that continues
+    /// a walk reads ahead the same way (`read_inode_from_table`).
     /// Only a hint: errors are left for the read that needs the block.
     pub(crate) fn read_ahead_inode(&self, ino: u32) {
         if let Some(end) = self.read_ahead_inode_run(ino) {
