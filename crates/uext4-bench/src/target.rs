@@ -141,6 +141,16 @@ impl Target {
             if !kind.is_uext4() {
                 return Err(format!("target {name}: only uext4's targets take tunables"));
             }
+            if k == WRITEBACK_CACHE {
+                if !matches!(kind, TargetKind::Uext4Fuse | TargetKind::Uext4FuseUring) {
+                    return Err(format!("target {name}: {k} is an option of uext4's mounts"));
+                }
+                if !matches!(v, "on" | "off") {
+                    return Err(format!("target {name}: {k}={v}: want on or off"));
+                }
+                tunables.push((k.to_string(), v.to_string()));
+                continue;
+            }
             uext4::Options::default().set(k, v).map_err(|e| format!("target {name}: {e}"))?;
             tunables.push((k.to_string(), v.to_string()));
         }
@@ -229,6 +239,10 @@ impl Target {
         }
     }
 }
+
+/// The mount option of uext4's mounts (not the library's) that a target may
+/// set: `uext4-fuse-uring:writeback_cache=on`.
+const WRITEBACK_CACHE: &str = "writeback_cache";
 
 /// The tunable every target takes: features for the image's mkfs.ext4 -O
 /// (`kernel:features=^inline_data`, `uext4:features=inline_data+^metadata_csum`).
@@ -681,12 +695,16 @@ mod tests {
         assert_eq!(uext4.mkfs_features().as_deref(), Some("inline_data,^metadata_csum"));
         assert!(!uext4.is_base());
         assert_eq!(Target::parse("uext4").unwrap().mkfs_features(), None);
+        assert!(Target::parse("uext4-fuse-uring:writeback_cache=on").is_ok());
         for bad in [
             "kernel:features=",
             "kernel:features=in,line",
             "kernel:features=a+",
             "kernel:features=^",
             "kernel:hash_goal=on",
+            "uext4:writeback_cache=on",
+            "kernel:writeback_cache=on",
+            "uext4-fuse:writeback_cache=maybe",
         ] {
             assert!(Target::parse(bad).is_err(), "{bad}");
         }

@@ -36,6 +36,8 @@ threads=N              /dev/fuse worker threads (default 4)\n  \
 io_uring[=auto|on|off] requests through an io_uring queue per CPU (Linux 6.14+): auto (the\n                         \
 default) when the fuse module allows it (/sys/module/fuse/parameters/enable_uring),\n                         \
 on: always, switching that parameter on if needed (root), off: never\n  \
+writeback_cache=on|off the kernel's page cache holds writes and sends them in page runs;\n                         \
+it keeps files' size and mtime (default off)\n  \
 commit=SECS            journal commit interval (default 5)\n  \
 cache_mb=N             buffer cache bound (default 256)\n  \
 errors=continue|remount-ro|panic   what an I/O error or inconsistency does, as the kernel's\n                         \
@@ -94,6 +96,7 @@ struct MountConfig {
     allow_root: bool,
     threads: usize,
     uring: UringMode,
+    writeback_cache: bool,
     /// mount(2) flags beyond ro: nosuid and nodev unless `suid`/`dev` ask
     /// otherwise (as libfuse's defaults), noexec when asked.
     flags: libc::c_ulong,
@@ -133,6 +136,7 @@ fn parse_options(list: &[String]) -> Result<MountConfig> {
         allow_root: false,
         threads: 4,
         uring: UringMode::Auto,
+        writeback_cache: false,
         flags: libc::MS_NOSUID | libc::MS_NODEV,
         atime: AtimeMode::Relatime,
     };
@@ -168,6 +172,13 @@ fn parse_options(list: &[String]) -> Result<MountConfig> {
                 c.threads = n.parse().ok().filter(|&n| (1..=64).contains(&n)).ok_or_else(|| {
                     Error::Invalid(format!("threads={n}: want a number of worker threads from 1 to 64"))
                 })?
+            }
+            Some(("writeback_cache", mode)) => {
+                c.writeback_cache = match mode {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(Error::Invalid(format!("writeback_cache={mode}: want on or off"))),
+                }
             }
             Some(("io_uring", mode)) => {
                 c.uring = match mode {
@@ -414,6 +425,7 @@ fn serve_session(
     let session = SessionConfig {
         threads: config.threads,
         uring: config.uring,
+        writeback_cache: config.writeback_cache,
         abort: Arc::new(move || abort_connection(&abort_target)),
     };
     let signal_target = target.clone();
@@ -928,6 +940,10 @@ mod tests {
         assert!(parse_options(&["inline_data=on".into()]).unwrap().opts.inline_data);
         let e = parse_options(&["inline_data=maybe".into()]).err().unwrap().to_string();
         assert!(e.contains("inline_data=maybe"), "{e}");
+        assert!(!parse_options(&[]).unwrap().writeback_cache, "the write-back cache is off by default");
+        assert!(parse_options(&["writeback_cache=on".into()]).unwrap().writeback_cache);
+        let e = parse_options(&["writeback_cache=yes".into()]).err().unwrap().to_string();
+        assert!(e.contains("writeback_cache=yes"), "{e}");
         assert!(parse_options(&["nosuchoption".into()]).err().unwrap().to_string().contains("nosuchoption"));
         assert!(parse_options(&["threads=0".into()]).is_err());
         assert_eq!(parse_options(&[]).unwrap().uring, UringMode::Auto);

@@ -50,19 +50,27 @@ rm -rf copy/d4 unpacked/d5
 
 #[test]
 fn a_shell_workload_through_the_mount_equals_the_same_on_the_host() {
-    shell_workload(false);
+    shell_workload(false, false);
 }
 
 #[test]
 fn a_shell_workload_through_the_mount_over_io_uring() {
-    shell_workload(true);
+    shell_workload(true, false);
 }
 
-fn shell_workload(uring: bool) {
+/// With the kernel's write-back cache, tar's and cp's mtimes must survive the
+/// data reaching the server after them.
+#[test]
+fn a_shell_workload_through_the_mount_with_the_writeback_cache() {
+    shell_workload(true, true);
+}
+
+fn shell_workload(uring: bool, writeback_cache: bool) {
     if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
+    let options = with_writeback_cache(options, writeback_cache);
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     make_source(&src);
@@ -77,11 +85,12 @@ fn shell_workload(uring: bool) {
 
     let image = work.path().join("img");
     mkfs(&image, "1G");
-    let m = UextMount::new(&image, options);
+    let m = UextMount::new(&image, &options);
     fs::create_dir(m.dir.join("work")).unwrap();
     shell(&m.dir.join("work"));
     assert_eq!(tree_listing(&m.dir.join("work")), tree_listing(&host), "the mount's own view");
     assert_transport(&m.dir, uring, 100);
+    assert_writeback_cache(&m.dir, writeback_cache);
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");
@@ -94,25 +103,38 @@ fn shell_workload(uring: bool) {
 /// zeroed ranges on one file, every read checked against an in-memory copy.
 #[test]
 fn random_io_on_one_file_matches_an_in_memory_copy() {
-    random_io(false);
+    random_io(false, false);
 }
 
 #[test]
 fn random_io_on_one_file_over_io_uring() {
-    random_io(true);
+    random_io(true, false);
 }
 
-fn random_io(uring: bool) {
+/// The same with the kernel's write-back cache: writes sit in its page cache
+/// while truncates, preallocations, punches and zeroed ranges go to the server.
+#[test]
+fn random_io_on_one_file_with_the_writeback_cache() {
+    random_io(true, true);
+}
+
+/// `options` with the kernel's write-back cache asked for, or not.
+fn with_writeback_cache(options: &str, on: bool) -> String {
+    format!("{options},writeback_cache={}", if on { "on" } else { "off" })
+}
+
+fn random_io(uring: bool, writeback_cache: bool) {
     if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
+    let options = with_writeback_cache(options, writeback_cache);
     const OPS: usize = 100_000;
     const MAX_SIZE: u64 = 2 << 20;
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "256M");
-    let m = UextMount::new(&image, options);
+    let m = UextMount::new(&image, &options);
     let path = m.dir.join("fsx");
     let file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
     let mut model: Vec<u8> = Vec::new();
@@ -206,6 +228,7 @@ fn random_io(uring: bool) {
     file.sync_all().unwrap();
     drop(file);
     assert_transport(&m.dir, uring, 100);
+    assert_writeback_cache(&m.dir, writeback_cache);
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");

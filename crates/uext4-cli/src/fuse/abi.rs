@@ -71,6 +71,7 @@ pub const FUSE_ASYNC_READ: u64 = 1 << 0;
 pub const FUSE_BIG_WRITES: u64 = 1 << 5;
 pub const FUSE_DO_READDIRPLUS: u64 = 1 << 13;
 pub const FUSE_READDIRPLUS_AUTO: u64 = 1 << 14;
+pub const FUSE_WRITEBACK_CACHE: u64 = 1 << 16;
 pub const FUSE_PARALLEL_DIROPS: u64 = 1 << 18;
 pub const FUSE_POSIX_ACL: u64 = 1 << 20;
 pub const FUSE_MAX_PAGES: u64 = 1 << 22;

@@ -49,6 +49,11 @@ pub struct SessionConfig {
     /// /dev/fuse worker threads.
     pub threads: usize,
     pub uring: UringMode,
+    /// Ask for the kernel's write-back cache (FUSE_WRITEBACK_CACHE): writes
+    /// land in the kernel's page cache and reach the server in page runs from
+    /// its write-back, and the kernel keeps a regular file's size and mtime,
+    /// sending them back with a SETATTR when it writes the inode.
+    pub writeback_cache: bool,
     /// Ends the session from outside (aborts the connection), for failures
     /// that would otherwise leave requests waiting forever.
     pub abort: Arc<dyn Fn() + Send + Sync>,
@@ -57,11 +62,14 @@ pub struct SessionConfig {
 /// The capabilities asked of the kernel (each only if the kernel offers it):
 /// reads in parallel and readdirplus; lookups and creates in one directory at
 /// once (the library's locks order them); POSIX ACLs checked by the kernel;
-/// 1 MiB requests; and suid/sgid clearing left to us (HANDLE_KILLPRIV_V2),
-/// which spares a getxattr before every write.
-fn wanted_flags() -> u64 {
+/// 1 MiB requests; suid/sgid clearing left to us (HANDLE_KILLPRIV_V2),
+/// which spares a getxattr before every write; and the write-back cache
+/// when the mount asked for it.
+fn wanted_flags(writeback_cache: bool) -> u64 {
     const FUSE_HANDLE_KILLPRIV_V2: u64 = 1 << 28;
-    abi::FUSE_ASYNC_READ
+    let writeback = if writeback_cache { abi::FUSE_WRITEBACK_CACHE } else { 0 };
+    writeback
+        | abi::FUSE_ASYNC_READ
         | abi::FUSE_BIG_WRITES
         | abi::FUSE_DO_READDIRPLUS
         | abi::FUSE_READDIRPLUS_AUTO
@@ -73,8 +81,10 @@ fn wanted_flags() -> u64 {
 }
 
 /// Answers the kernel's INIT on `dev`: agrees on the protocol and capabilities.
-/// Returns whether requests will travel through io_uring.
-fn handshake(dev: &Device, uring: UringMode) -> io::Result<bool> {
+/// Returns the capabilities granted (FUSE_OVER_IO_URING among them when
+/// requests will travel through io_uring).
+fn handshake(dev: &Device, config: &SessionConfig) -> io::Result<u64> {
+    let uring = config.uring;
     let mut buf = vec![0u8; REQUEST_BUFFER];
     loop {
         let n = match dev.receive(&mut buf)? {
@@ -96,7 +106,7 @@ fn handshake(dev: &Device, uring: UringMode) -> io::Result<bool> {
                 abi::FUSE_MIN_MINOR_VERSION
             )));
         }
-        let mut granted = wanted_flags() & flags;
+        let mut granted = wanted_flags(config.writeback_cache) & flags;
         let use_uring = uring != UringMode::Off && flags & abi::FUSE_OVER_IO_URING != 0;
         if uring == UringMode::On && !use_uring {
             reply(dev, &h, libc::EPROTO, &[])?;
@@ -113,7 +123,7 @@ fn handshake(dev: &Device, uring: UringMode) -> io::Result<bool> {
         let mut p = Payload::new(&mut out);
         p.init_out(minor, max_readahead, granted, MAX_BACKGROUND, MAX_WRITE);
         reply(dev, &h, 0, &out)?;
-        return Ok(use_uring);
+        return Ok(granted);
     }
 }
 
@@ -165,7 +175,9 @@ fn serve_device(server: &Uext4Fuse, dev: &Device, deferred: &Arc<Deferred>) -> i
 /// everything is written back: an error if the session or the write-back failed.
 pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: impl FnOnce()) -> io::Result<()> {
     let dev = Device::new(dev);
-    let use_uring = handshake(&dev, config.uring)?;
+    let granted = handshake(&dev, config)?;
+    let use_uring = granted & abi::FUSE_OVER_IO_URING != 0;
+    server.set_writeback_cache(granted & abi::FUSE_WRITEBACK_CACHE != 0);
     server.set_notifier(dev.duplicate()?);
     let deferred = Deferred::new(server.clone());
     let stop = Arc::new(AtomicBool::new(false));

@@ -107,6 +107,9 @@ pub struct Uext4Fuse {
     panic_on: Option<u32>,
     panicked_once: AtomicBool,
     atime: AtimeMode,
+    /// Whether the kernel agreed to hold writes in its page cache (reported
+    /// by `uext4 tune`).
+    writeback_cache: AtomicBool,
 }
 
 /// When reads and listings move atime (the atime mount options).
@@ -206,6 +209,7 @@ impl Uext4Fuse {
             notify: OnceLock::new(),
             panic_on: std::env::var("UEXT4_TEST_PANIC_OPCODE").ok().and_then(|v| v.parse().ok()),
             panicked_once: AtomicBool::new(false),
+            writeback_cache: AtomicBool::new(false),
             atime: AtimeMode::Relatime,
         }
     }
@@ -214,6 +218,11 @@ impl Uext4Fuse {
     pub fn with_atime(mut self, mode: AtimeMode) -> Uext4Fuse {
         self.atime = mode;
         self
+    }
+
+    /// Records what the INIT handshake agreed about the write-back cache.
+    pub fn set_writeback_cache(&self, granted: bool) {
+        self.writeback_cache.store(granted, Ordering::Relaxed);
     }
 
     /// Gives the server a descriptor of its session for notifications.
@@ -492,6 +501,8 @@ impl Uext4Fuse {
             self.ring_requests.load(Ordering::Relaxed),
             self.device_requests.load(Ordering::Relaxed)
         ));
+        let writeback = if self.writeback_cache.load(Ordering::Relaxed) { "on" } else { "off" };
+        text.push_str(&format!("# write-back cache: {writeback}\n"));
         text
     }
 

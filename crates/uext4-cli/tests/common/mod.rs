@@ -218,8 +218,16 @@ pub fn transport(uring: bool) -> Option<&'static str> {
 /// Checks, through `uext4 tune`'s session line, that more than `at_least`
 /// requests came the way `uring` says: through the ring (more of them than
 /// through /dev/fuse, which still carries FORGETs), or never through it.
+/// The mount's session agreed to the kernel's write-back cache, or did not.
+pub fn assert_writeback_cache(mount: &Path, on: bool) {
+    let listed = run(uext4().arg("tune").arg(mount));
+    let state = if on { "on" } else { "off" };
+    assert!(listed.contains(&format!("# write-back cache: {state}\n")), "{listed}");
+}
+
 pub fn assert_transport(mount: &Path, uring: bool, at_least: u64) {
     let listed = run(uext4().arg("tune").arg(mount));
+
     let line = listed.lines().find(|l| l.starts_with("# requests so far")).unwrap_or_else(|| panic!("{listed}"));
     let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
     let (ring, device) = (numbers[0], numbers[1]);
