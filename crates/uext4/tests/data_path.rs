@@ -568,6 +568,105 @@ fn punch_and_truncate_edit_a_deep_tree_in_place() {
     assert!(std::fs::read(m.dir.join("deep")).unwrap() == model, "the kernel reads other bytes");
 }
 
+/// ZERO_RANGE over a tree of depth 2: written extents inside the range become
+/// unwritten where they lie (a range inside one extent splits it in three, one
+/// across leaves changes each, a whole 32,768-block extent becomes two unwritten
+/// ones), each step read back against a model; debugfs shows the zeroed blocks
+/// Uninit and still allocated; e2fsck -fn silent and the kernel reading the model.
+#[test]
+fn zero_range_marks_a_deep_tree_unwritten_in_place() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("zero.img");
+    mkfs(&image, "1G");
+    let mut model = vec![0u8; 0];
+    let mut big_model = Vec::new();
+    let write = |fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: usize, seed: u64| {
+        let data = random_bytes(seed, len);
+        assert_eq!(fs.write(ino, at, &data).unwrap(), len);
+        if model.len() < at as usize + len {
+            model.resize(at as usize + len, 0);
+        }
+        model[at as usize..at as usize + len].copy_from_slice(&data);
+    };
+    let zero = |fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: u64| {
+        fs.fallocate(ino, at, len, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE).unwrap();
+        let end = ((at + len) as usize).min(model.len());
+        if (at as usize) < end {
+            model[at as usize..end].fill(0);
+        }
+    };
+    let check = |fs: &Filesystem, ino: u32, model: &Vec<u8>, what: &str| {
+        let got = fs.read_all(ino).unwrap();
+        assert_eq!(got.len(), model.len(), "{what}: size");
+        assert!(got == *model, "{what}: uext4 reads other bytes");
+    };
+    let (free_before, free_after);
+    {
+        let fs = open_rw(&image, 0);
+        // Written first, into an empty filesystem: at least one of its extents
+        // is 32,768 blocks long.
+        let big = fs.create(ROOT_INO, b"big", 0o644, ROOT).unwrap().ino;
+        write(&fs, big, &mut big_model, 0, (3 * 32768 + 100) * BS as usize, 7);
+        let ino = fs.create(ROOT_INO, b"deep", 0o644, ROOT).unwrap().ino;
+        for b in 0..3000u64 {
+            write(&fs, ino, &mut model, 2 * b * BS, BS as usize, b + 1);
+        }
+        fs.sync().unwrap();
+        assert_eq!(ExtentHeader::parse(&fs.inode(ino).unwrap().i_block).eh_depth, 2);
+        free_before = fs.statfs().free_blocks;
+        let mut rng = Rng(0x2e60);
+        for step in 0..60u64 {
+            match step % 4 {
+                // Inside one long extent: head, unwritten middle, tail.
+                0 => {
+                    let b = rng.below(5000);
+                    write(&fs, ino, &mut model, b * BS, 16 * BS as usize, step + 10_000);
+                    zero(&fs, ino, &mut model, (b + 5) * BS, 3 * BS);
+                }
+                // Across a few hundred blocks, edges inside blocks.
+                1 | 2 => {
+                    let at = rng.below(6000 * BS);
+                    zero(&fs, ino, &mut model, at, 1 + rng.below(900 * BS));
+                }
+                _ => {
+                    let at = rng.below(6000 * BS);
+                    write(&fs, ino, &mut model, at, 3 * BS as usize + 11, step + 20_000);
+                }
+            }
+            check(&fs, ino, &model, &format!("step {step}"));
+        }
+        // One extent of the longest written length, zeroed whole.
+        let mut lblk = 0;
+        let whole = loop {
+            let m = fs.map_blocks(big, &fs.inode(big).unwrap(), lblk, 32768).unwrap();
+            assert!(lblk < 3 * 32768, "no extent of 32,768 blocks in big");
+            if matches!(m.kind, MapKind::Mapped(_)) && m.len == 32768 {
+                break lblk;
+            }
+            lblk += m.len;
+        };
+        zero(&fs, big, &mut big_model, whole * BS, 32768 * BS);
+        check(&fs, big, &big_model, "a 32,768-block extent zeroed");
+        fs.sync().unwrap();
+        free_after = fs.statfs().free_blocks;
+    }
+    // Zeroing frees nothing: only the writes into holes took blocks.
+    assert!(free_after < free_before, "{free_before} free blocks before, {free_after} after");
+    let big = extents(&image, "big");
+    let uninit: u64 = big.iter().filter(|e| e.2).map(|e| e.1 - e.0 + 1).sum();
+    assert_eq!(uninit, 32768, "debugfs's extents of big: {big:?}");
+    assert!(big.iter().filter(|e| e.2).count() >= 2, "no unwritten extent is longer than 32,767: {big:?}");
+    let deep = extents(&image, "deep");
+    assert!(deep.iter().any(|e| e.2), "some of deep's extents are unwritten: {:?}", &deep[..10]);
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert!(std::fs::read(m.dir.join("deep")).unwrap() == model, "the kernel reads other bytes");
+    assert!(std::fs::read(m.dir.join("big")).unwrap() == big_model, "the kernel reads other bytes of big");
+}
+
 /// COLLAPSE_RANGE and INSERT_RANGE (file/shift.rs) over written, unwritten and
 /// unmapped blocks, inside extents and at their edges, each step read back
 /// against a model (bytes cut out, or zeros opened); the kernel's refusals

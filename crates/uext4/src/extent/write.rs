@@ -10,8 +10,9 @@
 //! blocks, `zeroout.rs`, replaces an extent and its neighbours by up to two more
 //! entries), splitting the node only when it overflows. Truncation and punching
 //! remove their range in place too, leaf by leaf from the right, unlinking
-//! leaves they empty (`remove_range`); freeing a whole tree and zero range still
-//! collect the extents and rebuild, reusing the old tree's blocks. Trees thinned
+//! leaves they empty (`remove_range`), and zero range marks its written extents
+//! unwritten in place, one splice each; freeing a whole tree, collapse and
+//! insert collect the extents and rebuild, reusing the old tree's blocks. Trees thinned
 //! or split away from the right edge are packed at the next sync or fsync.
 //!
 //! Invariant: a change takes every block it needs before it writes anything, so
@@ -250,7 +251,17 @@ impl Filesystem {
 
     /// Marks the written blocks of [first, end) unwritten, so they read as zeros
     /// while staying allocated (ZERO_RANGE: no block is freed, so none needs to be
-    /// found again on a full disk). Holes stay holes.
+    /// found again on a full disk). Holes and unwritten extents stay as they are.
+    ///
+    /// In place, one extent at a time from the right: a written extent across
+    /// the range is replaced by its written head, the unwritten middle and its
+    /// written tail (`unwritten_pieces`), spliced into its own leaf, which splits
+    /// when full. Only the leaves holding the range are read and written. A
+    /// split needs a block, and ENOSPC after the first change could not be
+    /// undone: a first pass changes nothing and counts the blocks the splits
+    /// could need, which are promised before the second pass changes anything.
+    /// When they cannot be promised, the tree is rebuilt instead (its blocks are
+    /// those the caller promised).
     pub(crate) fn extent_mark_unwritten(
         &self,
         tx: &mut Handle,
@@ -262,33 +273,105 @@ impl Filesystem {
         if !inode.has_flag(EXT4_EXTENTS_FL) {
             return Err(Error::unsupported(format!("zeroing a range of block-mapped inode {ino}")));
         }
+        let end = end.min(super::MAX_LBLK);
+        let needed = self.mark_unwritten_pass(tx, ino, inode, first, end, false)?;
+        let promise = match needed {
+            0 => None,
+            n => match self.alloc.ensure_space(n) {
+                Ok(promise) => Some(promise),
+                Err(Error::NoSpace(_)) => return self.mark_unwritten_by_rebuild(tx, ino, inode, first, end),
+                Err(e) => return Err(e),
+            },
+        };
+        self.mark_unwritten_pass(tx, ino, inode, first, end, true)?;
+        drop(promise);
+        Ok(())
+    }
+
+    fn mark_unwritten_by_rebuild(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        first: u64,
+        end: u64,
+    ) -> Result<()> {
         let (extents, node_blocks) = self.collect_extents(ino, inode)?;
-        if !extents.iter().any(|e| !e.unwritten && (e.ee_block as u64) < end && e.end() > first) {
-            return Ok(());
-        }
         let mut out = Vec::with_capacity(extents.len() + 2);
         for e in extents {
-            let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
-            if e.unwritten || from >= to {
-                out.push(e);
-                continue;
-            }
-            let at = |lblk: u64| e.start + (lblk - e.ee_block as u64);
-            if from > e.ee_block as u64 {
-                out.push(Extent { len: (from - e.ee_block as u64) as u32, ..e });
-            }
-            // An unwritten extent holds one block less than a written one.
-            let mut lblk = from;
-            while lblk < to {
-                let len = (to - lblk).min(fext::EXT_UNWRITTEN_MAX_LEN as u64);
-                out.push(Extent { ee_block: lblk as u32, len: len as u32, unwritten: true, start: at(lblk) });
-                lblk += len;
-            }
-            if to < e.end() {
-                out.push(Extent { ee_block: to as u32, len: (e.end() - to) as u32, unwritten: false, start: at(to) });
+            match unwritten_pieces(e, first, end) {
+                Some(pieces) => out.extend(pieces),
+                None => out.push(e),
             }
         }
         self.rebuild_tree(tx, ino, inode, out, node_blocks)
+    }
+
+    /// Walks the extents of [first, end) from the right. With `apply`, splices
+    /// each written one's pieces into its leaf; without, changes nothing and
+    /// returns how many tree blocks the splices could need at most: for each
+    /// leaf they would overflow, a split of it and of every node above it (a
+    /// full root adds a level), once per half a leaf of entries it gains.
+    fn mark_unwritten_pass(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        first: u64,
+        end: u64,
+        apply: bool,
+    ) -> Result<u64> {
+        // The leaf being counted: (its block, None for the root; entries; max;
+        // levels above and including it; entries gained). The walk leaves a
+        // leaf for good once it moves left of it.
+        let mut leaf_growth: Option<(Option<u64>, usize, usize, usize, usize)> = None;
+        let splits_blocks = |(_, len, max, levels, gained): (Option<u64>, usize, usize, usize, usize)| -> u64 {
+            match (len + gained).checked_sub(max) {
+                None | Some(0) => 0,
+                Some(over) => (levels * (1 + (over - 1) / (max / 2).max(1))) as u64,
+            }
+        };
+        let mut needed = 0;
+        let mut cursor = end;
+        while cursor > first {
+            let mut path = self.extent_path(ino, inode, (cursor - 1) as u32)?;
+            let leaf = path.len() - 1;
+            let items = &path[leaf].items;
+            // The extent starting at or before cursor - 1 in this leaf.
+            let Some(at) = items.partition_point(|i| (i.key() as u64) < cursor).checked_sub(1) else {
+                // Nothing here starts before the cursor: go on left of this leaf.
+                let leaf_start = match leaf {
+                    0 => 0,
+                    _ => path[leaf - 1].items[path[leaf - 1].at].key() as u64,
+                };
+                if leaf_start == 0 || leaf_start >= cursor {
+                    break;
+                }
+                cursor = leaf_start;
+                continue;
+            };
+            let Some(Item::Ext(e)) = items.get(at).copied() else {
+                return Err(Error::corrupt("an index entry in a leaf", format!("extent tree of inode {ino}")));
+            };
+            if let Some(pieces) = unwritten_pieces(e, first, end) {
+                if apply {
+                    let pieces = pieces.into_iter().map(Item::Ext).collect();
+                    self.splice_items(tx, ino, inode, &mut path, leaf, at, 1, pieces)?;
+                } else {
+                    let block = path[leaf].block;
+                    let current = match leaf_growth {
+                        Some(g) if g.0 == block => g,
+                        other => {
+                            needed += other.map_or(0, splits_blocks);
+                            (block, items.len(), path[leaf].max as usize, path.len(), 0)
+                        }
+                    };
+                    leaf_growth = Some((current.0, current.1, current.2, current.3, current.4 + pieces.len() - 1));
+                }
+            }
+            cursor = e.ee_block as u64;
+        }
+        Ok(needed + leaf_growth.map_or(0, splits_blocks))
     }
 
     /// The nodes from the root to the leaf whose range holds `lblk`.
@@ -754,6 +837,33 @@ impl Filesystem {
         inode.i_blocks = if inode.i_file_acl != 0 { self.sectors_per_block() } else { 0 };
         Ok(())
     }
+}
+
+/// What a written extent `e` becomes when [first, end) is zeroed: its written
+/// head, the unwritten middle (in pieces of at most 32,767 blocks, one less
+/// than a written extent can hold) and its written tail; None when `e` is
+/// unwritten or outside the range. At most three pieces: a middle that needs
+/// two is a whole extent of 32,768 blocks, with no head or tail.
+fn unwritten_pieces(e: Extent, first: u64, end: u64) -> Option<Vec<Extent>> {
+    let (from, to) = ((e.ee_block as u64).max(first), e.end().min(end));
+    if e.unwritten || from >= to {
+        return None;
+    }
+    let at = |lblk: u64| e.start + (lblk - e.ee_block as u64);
+    let mut pieces = Vec::with_capacity(3);
+    if from > e.ee_block as u64 {
+        pieces.push(Extent { len: (from - e.ee_block as u64) as u32, ..e });
+    }
+    let mut lblk = from;
+    while lblk < to {
+        let len = (to - lblk).min(fext::EXT_UNWRITTEN_MAX_LEN as u64);
+        pieces.push(Extent { ee_block: lblk as u32, len: len as u32, unwritten: true, start: at(lblk) });
+        lblk += len;
+    }
+    if to < e.end() {
+        pieces.push(Extent { ee_block: to as u32, len: (e.end() - to) as u32, unwritten: false, start: at(to) });
+    }
+    Some(pieces)
 }
 
 /// An entry of a node being edited: an extent (leaf) or an index entry.
