@@ -293,21 +293,30 @@ fn panicking_request(uring: bool) {
 
 #[test]
 fn uext4_sync_makes_everything_durable_before_a_crash() {
-    sync_then_crash(false);
+    sync_then_crash(false, false);
 }
 
 #[test]
 fn uext4_sync_makes_everything_durable_over_io_uring() {
-    sync_then_crash(true);
+    sync_then_crash(true, false);
+}
+
+/// With the kernel's write-back cache the files stay open, so their data is
+/// still in the kernel's page cache when `uext4 sync` runs: its syncfs must
+/// bring it to the daemon before the fsync commits.
+#[test]
+fn uext4_sync_makes_the_writeback_caches_data_durable() {
+    sync_then_crash(true, true);
 }
 
 /// 200 files, `uext4 sync`, SIGKILL of the daemon: the kernel replays the
 /// journal and finds all 200; e2fsck -fn is clean after the replay.
-fn sync_then_crash(uring: bool) {
+fn sync_then_crash(uring: bool, writeback_cache: bool) {
     if !fuse_oracles() {
         return;
     }
     let Some(options) = transport(uring) else { return };
+    let options = if writeback_cache { format!("{options},writeback_cache=on") } else { options.to_string() };
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "64M");
@@ -327,12 +336,20 @@ fn sync_then_crash(uring: bool) {
     };
     let crash_after = |prefix: &str, sync: &dyn Fn()| {
         let mut d = Daemon::start(&image, &dir, &format!("commit=600,{options}"), &[]);
+        let mut open = Vec::new();
         for i in 0..200 {
-            fs::write(dir.join(format!("{prefix}{i}")), format!("content {i}")).unwrap();
+            let mut f = fs::File::create(dir.join(format!("{prefix}{i}"))).unwrap();
+            f.write_all(format!("content {i}").as_bytes()).unwrap();
+            // Closing would write a file's pages back (FUSE's flush).
+            if writeback_cache {
+                open.push(f);
+            }
         }
         assert_transport(&dir, uring, 0);
+        assert_writeback_cache(&dir, writeback_cache);
         sync();
         d.kill();
+        drop(open);
         let out = uext4().arg("umount").arg(&dir).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "umount of a killed daemon must fail: {out:?}");
         assert!(!mounted(&dir));
