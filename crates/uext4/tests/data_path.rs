@@ -667,6 +667,51 @@ fn zero_range_marks_a_deep_tree_unwritten_in_place() {
     assert!(std::fs::read(m.dir.join("big")).unwrap() == big_model, "the kernel reads other bytes of big");
 }
 
+/// ZERO_RANGE that would split a full leaf on a disk with no block left to
+/// promise for the split: uext4 rebuilds the tree from the blocks the call was
+/// promised instead, and the result is what the kernel reads and e2fsck
+/// accepts.
+#[test]
+fn zero_range_on_a_full_disk_splits_no_leaf_it_cannot_pay_for() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("full.img");
+    mkfs(&image, "256M");
+    let mut model = Vec::new();
+    {
+        let fs = open_rw(&image, 0);
+        let ino = fs.create(ROOT_INO, b"f", 0o644, ROOT).unwrap().ino;
+        // 3,000 extents of three blocks, a hole after each: leaves packed full at sync.
+        for k in 0..3000u64 {
+            let data = random_bytes(k + 1, 3 * BS as usize);
+            fs.write(ino, 4 * k * BS, &data).unwrap();
+            model.resize((4 * k * BS) as usize, 0);
+            model.extend_from_slice(&data);
+        }
+        fs.sync().unwrap();
+        let filler = fs.create(ROOT_INO, b"filler", 0o644, ROOT).unwrap().ino;
+        let avail = fs.statfs().available_blocks;
+        fs.fallocate(filler, 0, (avail - 17) * BS, 0).unwrap();
+        fs.sync().unwrap();
+        let left = fs.statfs().available_blocks;
+        assert!((16..20).contains(&left), "{left} blocks left to promise");
+        // The middle block of an extent in the middle of the file: its leaf
+        // gains two entries.
+        let k = 1500u64;
+        fs.fallocate(ino, (4 * k + 1) * BS, BS, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE).unwrap();
+        model[((4 * k + 1) * BS) as usize..((4 * k + 2) * BS) as usize].fill(0);
+        assert!(fs.read_all(ino).unwrap() == model, "uext4 reads other bytes");
+        fs.sync().unwrap();
+    }
+    let uninit: Vec<_> = extents(&image, "f").into_iter().filter(|e| e.2).collect();
+    assert_eq!(uninit, vec![(6001, 6001, true)], "the zeroed block is the one unwritten extent");
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert!(std::fs::read(m.dir.join("f")).unwrap() == model, "the kernel reads other bytes");
+}
+
 /// COLLAPSE_RANGE and INSERT_RANGE (file/shift.rs) over written, unwritten and
 /// unmapped blocks, inside extents and at their edges, each step read back
 /// against a model (bytes cut out, or zeros opened); the kernel's refusals

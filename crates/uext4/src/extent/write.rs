@@ -321,16 +321,9 @@ impl Filesystem {
         end: u64,
         apply: bool,
     ) -> Result<u64> {
-        // The leaf being counted: (its block, None for the root; entries; max;
-        // levels above and including it; entries gained). The walk leaves a
-        // leaf for good once it moves left of it.
-        let mut leaf_growth: Option<(Option<u64>, usize, usize, usize, usize)> = None;
-        let splits_blocks = |(_, len, max, levels, gained): (Option<u64>, usize, usize, usize, usize)| -> u64 {
-            match (len + gained).checked_sub(max) {
-                None | Some(0) => 0,
-                Some(over) => (levels * (1 + (over - 1) / (max / 2).max(1))) as u64,
-            }
-        };
+        // The leaf being counted; the walk leaves a leaf for good once it
+        // moves left of it.
+        let mut growing: Option<LeafGrowth> = None;
         let mut needed = 0;
         let mut cursor = end;
         while cursor > first {
@@ -359,19 +352,24 @@ impl Filesystem {
                     self.splice_items(tx, ino, inode, &mut path, leaf, at, 1, pieces)?;
                 } else {
                     let block = path[leaf].block;
-                    let current = match leaf_growth {
-                        Some(g) if g.0 == block => g,
-                        other => {
-                            needed += other.map_or(0, splits_blocks);
-                            (block, items.len(), path[leaf].max as usize, path.len(), 0)
-                        }
-                    };
-                    leaf_growth = Some((current.0, current.1, current.2, current.3, current.4 + pieces.len() - 1));
+                    if growing.as_ref().is_none_or(|g| g.block != block) {
+                        needed += growing.map_or(0, |g| g.split_blocks());
+                        growing = Some(LeafGrowth {
+                            block,
+                            entries: items.len(),
+                            max: path[leaf].max as usize,
+                            levels: path.len(),
+                            gained: 0,
+                        });
+                    }
+                    if let Some(g) = growing.as_mut() {
+                        g.gained += pieces.len() - 1;
+                    }
                 }
             }
             cursor = e.ee_block as u64;
         }
-        Ok(needed + leaf_growth.map_or(0, splits_blocks))
+        Ok(needed + growing.map_or(0, |g| g.split_blocks()))
     }
 
     /// The nodes from the root to the leaf whose range holds `lblk`.
@@ -836,6 +834,29 @@ impl Filesystem {
         self.extent_truncate(tx, ino, inode, 0)?;
         inode.i_blocks = if inode.i_file_acl != 0 { self.sectors_per_block() } else { 0 };
         Ok(())
+    }
+}
+
+/// What zeroing a range adds to one leaf (`mark_unwritten_pass`).
+struct LeafGrowth {
+    /// None for a leaf that is the root in the inode.
+    block: Option<u64>,
+    entries: usize,
+    max: usize,
+    /// Nodes from the root down to this leaf, both counted.
+    levels: usize,
+    gained: usize,
+}
+
+impl LeafGrowth {
+    /// The most tree blocks the leaf's splits can take: each split of the leaf
+    /// may split every node above it and push the root down a level, and a
+    /// split leaves each half room for half a leaf of entries.
+    fn split_blocks(&self) -> u64 {
+        match (self.entries + self.gained).checked_sub(self.max) {
+            None | Some(0) => 0,
+            Some(over) => (self.levels * (1 + (over - 1) / (self.max / 2).max(1))) as u64,
+        }
     }
 }
 
