@@ -60,6 +60,23 @@ fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Writes `len` random bytes (from `seed`) at `at` through uext4 and into `model`.
+fn write_into_model(fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: usize, seed: u64) {
+    let data = random_bytes(seed, len);
+    assert_eq!(fs.write(ino, at, &data).unwrap(), len);
+    if model.len() < at as usize + len {
+        model.resize(at as usize + len, 0);
+    }
+    model[at as usize..at as usize + len].copy_from_slice(&data);
+}
+
+/// uext4 reads exactly `model` from `ino`.
+fn assert_reads_model(fs: &Filesystem, ino: u32, model: &[u8], what: &str) {
+    let got = fs.read_all(ino).unwrap();
+    assert_eq!(got.len(), model.len(), "{what}: size");
+    assert!(got == *model, "{what}: uext4 reads other bytes");
+}
+
 /// A recipe as (kernel commands on MNT/f) and the same steps through uext4.
 struct Recipe {
     shell: &'static str,
@@ -492,14 +509,7 @@ fn punch_and_truncate_edit_a_deep_tree_in_place() {
     let image = dir.path().join("deep.img");
     mkfs(&image, "256M");
     let mut model = vec![0u8; 0];
-    let write = |fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: usize, seed: u64| {
-        let data = random_bytes(seed, len);
-        assert_eq!(fs.write(ino, at, &data).unwrap(), len);
-        if model.len() < at as usize + len {
-            model.resize(at as usize + len, 0);
-        }
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-    };
+    let write = write_into_model;
     {
         let fs = open_rw(&image, 0);
         let ino = fs.create(ROOT_INO, b"deep", 0o644, ROOT).unwrap().ino;
@@ -583,14 +593,7 @@ fn zero_range_marks_a_deep_tree_unwritten_in_place() {
     mkfs(&image, "1G");
     let mut model = vec![0u8; 0];
     let mut big_model = Vec::new();
-    let write = |fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: usize, seed: u64| {
-        let data = random_bytes(seed, len);
-        assert_eq!(fs.write(ino, at, &data).unwrap(), len);
-        if model.len() < at as usize + len {
-            model.resize(at as usize + len, 0);
-        }
-        model[at as usize..at as usize + len].copy_from_slice(&data);
-    };
+    let write = write_into_model;
     let zero = |fs: &Filesystem, ino: u32, model: &mut Vec<u8>, at: u64, len: u64| {
         fs.fallocate(ino, at, len, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE).unwrap();
         let end = ((at + len) as usize).min(model.len());
@@ -598,11 +601,7 @@ fn zero_range_marks_a_deep_tree_unwritten_in_place() {
             model[at as usize..end].fill(0);
         }
     };
-    let check = |fs: &Filesystem, ino: u32, model: &Vec<u8>, what: &str| {
-        let got = fs.read_all(ino).unwrap();
-        assert_eq!(got.len(), model.len(), "{what}: size");
-        assert!(got == *model, "{what}: uext4 reads other bytes");
-    };
+    let check = assert_reads_model;
     let (free_before, free_after);
     {
         let fs = open_rw(&image, 0);
