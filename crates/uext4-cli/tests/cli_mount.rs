@@ -118,6 +118,47 @@ fn random_io_on_one_file_with_the_writeback_cache() {
     random_io(true, true);
 }
 
+/// With the write-back cache a partial-page write makes the kernel read the
+/// page first; that read is not a reader's, so atime stays (as the kernel's
+/// ext4 leaves it on a write), while a real read still moves it (relatime,
+/// atime older than a day). Judged by debugfs on the image.
+#[test]
+fn a_partial_write_with_the_writeback_cache_leaves_atime() {
+    if !fuse_oracles() {
+        return;
+    }
+    let Some(options) = transport(true) else { return };
+    let options = with_writeback_cache(options, true);
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let atime = || {
+        let out = run(Command::new("debugfs").arg("-R").arg("stat /f").arg(&image));
+        let line = out.lines().find(|l| l.trim_start().starts_with("atime:")).unwrap_or_else(|| panic!("{out}"));
+        line.trim().to_string()
+    };
+    let m = UextMount::new(&image, &options);
+    fs::write(m.dir.join("f"), vec![7u8; 10_000]).unwrap();
+    run(Command::new("touch").args(["-a", "-d", "2000-01-01"]).arg(m.dir.join("f")));
+    m.unmount();
+    let old = atime();
+    assert!(old.contains("2000"), "{old}");
+
+    // A fresh mount: the page is not cached, so the kernel reads it before
+    // the 5-byte write lands in it.
+    let m = UextMount::new(&image, &options);
+    let f = OpenOptions::new().write(true).open(m.dir.join("f")).unwrap();
+    f.write_all_at(b"hello", 100).unwrap();
+    drop(f);
+    m.unmount();
+    assert_eq!(atime(), old, "a write moved atime");
+
+    let m = UextMount::new(&image, &options);
+    let _ = fs::read(m.dir.join("f")).unwrap();
+    m.unmount();
+    assert_ne!(atime(), old, "a read did not move atime");
+}
+
 /// `options` with the kernel's write-back cache asked for, or not.
 fn with_writeback_cache(options: &str, on: bool) -> String {
     format!("{options},writeback_cache={}", if on { "on" } else { "off" })

@@ -200,6 +200,8 @@ pub enum Op<'a> {
     Read {
         offset: u64,
         size: u32,
+        /// The open flags of the file read through (fuse_read_in.flags).
+        open_flags: u32,
     },
     Write {
         offset: u64,
@@ -344,7 +346,7 @@ impl<'a> Op<'a> {
             FUSE_LINK => Op::Link { oldnodeid: u64_at(f, 0), name: name_at(rest)?.0 },
             FUSE_OPEN => Op::Open,
             FUSE_CREATE => Op::Create,
-            FUSE_READ => Op::Read { offset: u64_at(f, 8), size: u32_at(f, 16) },
+            FUSE_READ => Op::Read { offset: u64_at(f, 8), size: u32_at(f, 16), open_flags: u32_at(f, 32) },
             FUSE_WRITE => {
                 let size = u32_at(f, 16) as usize;
                 let data = rest.get(..size).ok_or(Malformed("write data shorter than its size"))?;

@@ -625,13 +625,17 @@ impl Uext4Fuse {
             // lock across its lookup and the MKNOD.
             Op::Open | Op::Create => Some(libc::ENOSYS),
             Op::Release => Some(0),
-            Op::Read { offset, size } => {
+            Op::Read { offset, size, open_flags } => {
                 let want = (size as usize).min(out.capacity());
                 match self.fs.read(ino, offset, &mut out.spare()[..want]) {
                     Ok(n) => {
                         out.advance(n);
                         // Before the reply: a stat the reader makes next must see the new atime.
-                        self.touch_atime(ino);
+                        // A read through a file opened write-only is the kernel filling a
+                        // page for a partial write (the write-back cache): no one read.
+                        if open_flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32 {
+                            self.touch_atime(ino);
+                        }
                         Some(0)
                     }
                     Err(e) => Some(errno(&e)),
