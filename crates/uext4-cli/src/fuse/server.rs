@@ -328,18 +328,26 @@ impl Uext4Fuse {
     }
 
     /// One more kernel reference to `ino`: the first one pins the inode.
-    fn pin(&self, ino: u32) {
+    /// False when it cannot be pinned (removed since it was found: a race the
+    /// caller answers as if the name were gone); nothing is counted then, so
+    /// the kernel must not be given the inode.
+    fn pin(&self, ino: u32) -> bool {
         if ino == ROOT_INO {
-            return;
+            return true;
         }
         let mut lookups = self.lookups.lock();
         let n = lookups.entry(ino).or_insert(0);
         if *n == 0 {
             if let Err(e) = self.fs.open_inode(ino) {
-                self.log(&format!("pinning inode {ino}: {e}"));
+                lookups.remove(&ino);
+                if !matches!(e, uext4::Error::NotFound(_)) {
+                    self.log(&format!("pinning inode {ino}: {e}"));
+                }
+                return false;
             }
         }
         *n += 1;
+        true
     }
 
     fn unpin(&self, ino: u32, count: u64) {
@@ -370,7 +378,9 @@ impl Uext4Fuse {
     fn entry(&self, st: uext4::Result<Stat>, out: &mut Payload) -> Answer {
         match st {
             Ok(st) => {
-                self.pin(st.ino);
+                if !self.pin(st.ino) {
+                    return Some(libc::ENOENT);
+                }
                 out.entry_out(&self.attr(&st), st.generation as u64, TTL);
                 Some(0)
             }
@@ -734,6 +744,11 @@ impl Uext4Fuse {
                 }
                 Self::done(self.fs.fallocate(ino, offset, length, mode))
             }
+            // Under the write-back cache the kernel may hold data (and size) this
+            // server has not seen, and it does not write them back before asking:
+            // ENOSYS makes it answer SEEK_DATA/SEEK_HOLE itself from its own size
+            // (all data, one hole at the end), which is never wrong.
+            Op::Lseek { .. } if self.writeback_cache.load(Ordering::Relaxed) => Some(libc::ENOSYS),
             Op::Lseek { offset, whence } => {
                 let data = match whence as i32 {
                     libc::SEEK_DATA => true,
@@ -846,12 +861,18 @@ impl Uext4Fuse {
             }
             // Removed since opendir: leave it out rather than fail the listing.
             let Ok(st) = self.fs.stat(e.ino) else { continue };
-            if !room.direntplus(&self.attr(&st), st.generation as u64, TTL, next, e.kind, &e.name) {
-                break;
+            // The kernel takes a lookup reference for every entry but . and ..,
+            // so each is pinned before it is offered (and one removed in the
+            // meantime is left out too).
+            let counted = e.name != b"." && e.name != b"..";
+            if counted && !self.pin(e.ino) {
+                continue;
             }
-            // The kernel takes a lookup reference for every entry but . and ..
-            if e.name != b"." && e.name != b".." {
-                self.pin(e.ino);
+            if !room.direntplus(&self.attr(&st), st.generation as u64, TTL, next, e.kind, &e.name) {
+                if counted {
+                    self.unpin(e.ino, 1);
+                }
+                break;
             }
         }
         let n = room.len();
