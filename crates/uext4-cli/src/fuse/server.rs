@@ -5,10 +5,12 @@
 //! library: an inode unlinked while the kernel still knows it (an open file
 //! keeps it known) lives on, on the orphan list, until the kernel forgets it;
 //! whatever the kernel still holds when the session ends is let go then. So
-//! opens and closes need no message at all. A directory's listing is taken whole at
+//! opens and closes need no message at all. Invariant: the kernel is given an
+//! inode (an entry reply, a readdirplus entry) only after it is pinned; one
+//! removed before it could be pinned is answered as gone. A directory's listing is taken whole at
 //! opendir; readdir offsets index that snapshot, so they stay valid however the
 //! directory changes meanwhile (POSIX leaves open whether entries added or
-//! removed since opendir appear). Requests arrive on several threads at once;
+//! removed since opendir appear; readdirplus leaves out the removed ones). Requests arrive on several threads at once;
 //! the library's own locks order concurrent changes.
 //!
 //! Permissions are the kernel's to check (the mount has default_permissions).
