@@ -21,12 +21,17 @@ fn have(tool: &str) -> bool {
     false
 }
 
+/// `options` with the kernel's write-back cache asked for, or not.
+fn with_writeback_cache(options: &str, on: bool) -> String {
+    format!("{options},writeback_cache={}", if on { "on" } else { "off" })
+}
+
 fn stress_ng_through_the_mount(writeback_cache: bool) {
     if !fuse_oracles() || !have("stress-ng") {
         return;
     }
     let Some(options) = transport(true) else { return };
-    let options = format!("{options},writeback_cache={}", if writeback_cache { "on" } else { "off" });
+    let options = with_writeback_cache(options, writeback_cache);
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "1G");
@@ -66,14 +71,24 @@ fn stress_ng_through_the_mount_with_the_writeback_cache_ends_clean() {
 
 #[test]
 fn postmark_through_the_mount_ends_clean() {
+    postmark_through_the_mount(false);
+}
+
+#[test]
+fn postmark_through_the_mount_with_the_writeback_cache_ends_clean() {
+    postmark_through_the_mount(true);
+}
+
+fn postmark_through_the_mount(writeback_cache: bool) {
     if !fuse_oracles() || !have("postmark") {
         return;
     }
     let Some(options) = transport(true) else { return };
+    let options = with_writeback_cache(options, writeback_cache);
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "1G");
-    let m = UextMount::new(&image, options);
+    let m = UextMount::new(&image, &options);
     let config = work.path().join("postmark.cfg");
     let script = format!(
         "set location {}\nset number 3000\nset transactions 10000\nset size 500 20000\n\
@@ -86,6 +101,7 @@ fn postmark_through_the_mount_ends_clean() {
     // postmark removes what it made: only lost+found is left.
     let left: Vec<_> = fs::read_dir(&m.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("lost+found")], "left behind");
+    assert_writeback_cache(&m.dir, writeback_cache);
     m.unmount();
     assert_e2fsck_clean(&image);
 }
