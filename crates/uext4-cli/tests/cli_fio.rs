@@ -51,7 +51,7 @@ fn fio_verifies_random_writes(uring: bool, writeback_cache: bool) {
     mkfs(&image, "256M");
     // With the write-back cache fio's own checks read the kernel's page
     // cache; the verify_only pass after the remount reads what reached uext4.
-    let first = if writeback_cache { format!("{options},writeback_cache=on") } else { options.to_string() };
+    let first = with_writeback_cache(options, writeback_cache);
     let m = UextMount::new(&image, &first);
     let said = fio(&m.dir, false);
     assert!(said.contains("err= 0"), "fio: {said}");

@@ -159,11 +159,6 @@ fn a_partial_write_with_the_writeback_cache_leaves_atime() {
     assert_ne!(atime(), old, "a read did not move atime");
 }
 
-/// `options` with the kernel's write-back cache asked for, or not.
-fn with_writeback_cache(options: &str, on: bool) -> String {
-    format!("{options},writeback_cache={}", if on { "on" } else { "off" })
-}
-
 fn random_io(uring: bool, writeback_cache: bool) {
     if !fuse_oracles() {
         return;

@@ -316,7 +316,7 @@ fn sync_then_crash(uring: bool, writeback_cache: bool) {
         return;
     }
     let Some(options) = transport(uring) else { return };
-    let options = if writeback_cache { format!("{options},writeback_cache=on") } else { options.to_string() };
+    let options = with_writeback_cache(options, writeback_cache);
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "64M");

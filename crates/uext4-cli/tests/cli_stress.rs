@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use std::fs;
+use std::path::PathBuf;
 use std::process::Command;
 
 fn have(tool: &str) -> bool {
@@ -21,21 +22,23 @@ fn have(tool: &str) -> bool {
     false
 }
 
-/// `options` with the kernel's write-back cache asked for, or not.
-fn with_writeback_cache(options: &str, on: bool) -> String {
-    format!("{options},writeback_cache={}", if on { "on" } else { "off" })
-}
-
-fn stress_ng_through_the_mount(writeback_cache: bool) {
-    if !fuse_oracles() || !have("stress-ng") {
-        return;
+/// A fresh 1 GiB image mounted over io_uring (with the write-back cache or
+/// not), in a temporary directory: None when `tool` or the mount's oracles are
+/// missing (a skip, said so).
+fn fresh_mount(tool: &str, writeback_cache: bool) -> Option<(tempfile::TempDir, PathBuf, UextMount)> {
+    if !fuse_oracles() || !have(tool) {
+        return None;
     }
-    let Some(options) = transport(true) else { return };
-    let options = with_writeback_cache(options, writeback_cache);
+    let options = with_writeback_cache(transport(true)?, writeback_cache);
     let work = tempfile::tempdir().unwrap();
     let image = work.path().join("img");
     mkfs(&image, "1G");
     let m = UextMount::new(&image, &options);
+    Some((work, image, m))
+}
+
+fn stress_ng_through_the_mount(writeback_cache: bool) {
+    let Some((_work, image, m)) = fresh_mount("stress-ng", writeback_cache) else { return };
     let dir = m.dir.join("stress");
     fs::create_dir(&dir).unwrap();
     let out = Command::new("stress-ng")
@@ -80,15 +83,7 @@ fn postmark_through_the_mount_with_the_writeback_cache_ends_clean() {
 }
 
 fn postmark_through_the_mount(writeback_cache: bool) {
-    if !fuse_oracles() || !have("postmark") {
-        return;
-    }
-    let Some(options) = transport(true) else { return };
-    let options = with_writeback_cache(options, writeback_cache);
-    let work = tempfile::tempdir().unwrap();
-    let image = work.path().join("img");
-    mkfs(&image, "1G");
-    let m = UextMount::new(&image, &options);
+    let Some((work, image, m)) = fresh_mount("postmark", writeback_cache) else { return };
     let config = work.path().join("postmark.cfg");
     let script = format!(
         "set location {}\nset number 3000\nset transactions 10000\nset size 500 20000\n\

@@ -18,7 +18,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 pub type NumberMap<K, V> = HashMap<K, V, BuildHasherDefault<NumberHasher>>;
 
 /// The multiplier of Fibonacci hashing: 2^64 divided by the golden ratio, odd.
-const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+pub(crate) const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// See the module comment.
 #[derive(Clone, Copy, Debug, Default)]

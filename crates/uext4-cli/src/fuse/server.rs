@@ -330,26 +330,25 @@ impl Uext4Fuse {
     }
 
     /// One more kernel reference to `ino`: the first one pins the inode.
-    /// False when it cannot be pinned (removed since it was found: a race the
-    /// caller answers as if the name were gone); nothing is counted then, so
-    /// the kernel must not be given the inode.
-    fn pin(&self, ino: u32) -> bool {
+    ///
+    /// # Errors
+    /// The inode cannot be pinned (`NotFound` when it was removed since it was
+    /// found, a race the caller answers as if the name were gone); nothing is
+    /// counted then, so the kernel must not be given the inode.
+    fn pin(&self, ino: u32) -> uext4::Result<()> {
         if ino == ROOT_INO {
-            return true;
+            return Ok(());
         }
         let mut lookups = self.lookups.lock();
         let n = lookups.entry(ino).or_insert(0);
         if *n == 0 {
             if let Err(e) = self.fs.open_inode(ino) {
                 lookups.remove(&ino);
-                if !matches!(e, uext4::Error::NotFound(_)) {
-                    self.log(&format!("pinning inode {ino}: {e}"));
-                }
-                return false;
+                return Err(e);
             }
         }
         *n += 1;
-        true
+        Ok(())
     }
 
     fn unpin(&self, ino: u32, count: u64) {
@@ -380,8 +379,8 @@ impl Uext4Fuse {
     fn entry(&self, st: uext4::Result<Stat>, out: &mut Payload) -> Answer {
         match st {
             Ok(st) => {
-                if !self.pin(st.ino) {
-                    return Some(libc::ENOENT);
+                if let Err(e) = self.pin(st.ino) {
+                    return Some(errno(&e));
                 }
                 out.entry_out(&self.attr(&st), st.generation as u64, TTL);
                 Some(0)
@@ -867,8 +866,15 @@ impl Uext4Fuse {
             // so each is pinned before it is offered (and one removed in the
             // meantime is left out too).
             let counted = e.name != b"." && e.name != b"..";
-            if counted && !self.pin(e.ino) {
-                continue;
+            if counted {
+                match self.pin(e.ino) {
+                    Ok(()) => {}
+                    Err(uext4::Error::NotFound(_)) => continue,
+                    Err(err) => {
+                        self.log(&format!("readdirplus: pinning inode {}: {err}", e.ino));
+                        continue;
+                    }
+                }
             }
             if !room.direntplus(&self.attr(&st), st.generation as u64, TTL, next, e.kind, &e.name) {
                 if counted {

@@ -218,6 +218,11 @@ pub fn transport(uring: bool) -> Option<&'static str> {
 /// Checks, through `uext4 tune`'s session line, that more than `at_least`
 /// requests came the way `uring` says: through the ring (more of them than
 /// through /dev/fuse, which still carries FORGETs), or never through it.
+/// `options` with the kernel's write-back cache asked for, or not.
+pub fn with_writeback_cache(options: &str, on: bool) -> String {
+    format!("{options},writeback_cache={}", if on { "on" } else { "off" })
+}
+
 /// The mount's session agreed to the kernel's write-back cache, or did not.
 pub fn assert_writeback_cache(mount: &Path, on: bool) {
     let listed = run(uext4().arg("tune").arg(mount));

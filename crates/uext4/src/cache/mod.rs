@@ -121,7 +121,7 @@ impl BufferCache {
     }
 
     fn shard(&self, block: u64) -> &Mutex<Shard> {
-        let h = block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60;
+        let h = block.wrapping_mul(crate::number_map::GOLDEN) >> 60;
         &self.shards[h as usize % SHARDS]
     }
 

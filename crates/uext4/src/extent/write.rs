@@ -141,11 +141,7 @@ impl Filesystem {
         while cursor > first {
             let mut path = self.extent_path(ino, inode, (cursor - 1) as u32)?;
             let leaf = path.len() - 1;
-            // The first logical block this leaf may hold: its key in the parent.
-            let leaf_start = match leaf {
-                0 => 0,
-                _ => path[leaf - 1].items[path[leaf - 1].at].key() as u64,
-            };
+            let leaf_start = leaf_start(&path);
             let mut kept: Vec<Item> = Vec::with_capacity(path[leaf].items.len() + 1);
             let mut changed = false;
             for item in &path[leaf].items {
@@ -333,10 +329,7 @@ impl Filesystem {
             // The extent starting at or before cursor - 1 in this leaf.
             let Some(at) = items.partition_point(|i| (i.key() as u64) < cursor).checked_sub(1) else {
                 // Nothing here starts before the cursor: go on left of this leaf.
-                let leaf_start = match leaf {
-                    0 => 0,
-                    _ => path[leaf - 1].items[path[leaf - 1].at].key() as u64,
-                };
+                let leaf_start = leaf_start(&path);
                 if leaf_start == 0 || leaf_start >= cursor {
                     break;
                 }
@@ -834,6 +827,16 @@ impl Filesystem {
         self.extent_truncate(tx, ino, inode, 0)?;
         inode.i_blocks = if inode.i_file_acl != 0 { self.sectors_per_block() } else { 0 };
         Ok(())
+    }
+}
+
+/// The first logical block the leaf at the end of `path` may hold: its key in
+/// its parent (0 for a root leaf). `at` of each index node is the entry
+/// `extent_path` followed, so it is in range.
+fn leaf_start(path: &[Node]) -> u64 {
+    match path.len() {
+        0 | 1 => 0,
+        n => path[n - 2].items[path[n - 2].at].key() as u64,
     }
 }
 

@@ -100,7 +100,7 @@ impl BlockClasses {
     }
 
     fn shard(&self, block: u64) -> &Mutex<HashMap<u64, IoClass>> {
-        &self.tags[(block.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % TAG_SHARDS]
+        &self.tags[(block.wrapping_mul(crate::number_map::GOLDEN) >> 60) as usize % TAG_SHARDS]
     }
 
     /// Says what `block` holds until it is freed.
