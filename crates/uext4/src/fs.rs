@@ -135,6 +135,9 @@ impl Default for Options {
     }
 }
 
+/// One shard of the parsed-inode cache, alone on its cache lines.
+pub(crate) type InodeCacheShard = crate::padded::CachePadded<Mutex<crate::number_map::NumberMap<u32, Arc<Inode>>>>;
+
 /// An opened ext4 filesystem: every operation takes `&self`, from any thread
 /// (see the crate's examples). Dropping it writes everything back (as
 /// [`Filesystem::sync`]) and lets go of the image.
@@ -143,7 +146,7 @@ pub struct Filesystem {
     pub(crate) vol: Arc<Volume>,
     pub(crate) alloc: Arc<Allocator>,
     /// Parsed inodes (inodes.rs), sharded by inode number.
-    pub(crate) inode_cache: Vec<Mutex<crate::number_map::NumberMap<u32, Arc<Inode>>>>,
+    pub(crate) inode_cache: Vec<InodeCacheShard>,
     pub(crate) inode_cache_shard_capacity: usize,
     /// Where recent inode-table reads ended (inodes.rs): a miss there is a
     /// walk in table order, which reads ahead.
@@ -430,7 +433,7 @@ impl Filesystem {
             inode_locks: crate::locks::RwLockTable::default(),
             attr_locks: crate::locks::LockTable::default(),
             dir_structure: crate::locks::RwLockTable::default(),
-            inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Mutex::new(Default::default())).collect(),
+            inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Default::default()).collect(),
             inode_cache_shard_capacity: shard_capacity,
             table_walks: crate::inodes::TableWalks::new(),
             replayed_journal_blocks,

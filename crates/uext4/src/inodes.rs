@@ -26,7 +26,7 @@ impl Filesystem {
                 "inode reference",
             ));
         }
-        let shard = &self.inode_cache[ino as usize % INODE_CACHE_SHARDS];
+        let shard = &self.inode_cache[crate::number_map::shard_of(ino as u64, INODE_CACHE_SHARDS)];
         if let Some(i) = shard.lock().get(&ino) {
             return Ok(i.clone());
         }
@@ -36,7 +36,7 @@ impl Filesystem {
     /// Makes `inode` the cached copy of `ino` (after a write).
     pub(crate) fn cache_inode(&self, ino: u32, inode: Inode) -> Arc<Inode> {
         let inode = Arc::new(inode);
-        let mut s = self.inode_cache[ino as usize % INODE_CACHE_SHARDS].lock();
+        let mut s = self.inode_cache[crate::number_map::shard_of(ino as u64, INODE_CACHE_SHARDS)].lock();
         if s.len() >= self.inode_cache_shard_capacity {
             // Crude but bounded: drop the shard; parsed inodes are cheap to rebuild
             // from the buffer cache, which keeps their table blocks.

@@ -137,6 +137,8 @@ pub mod ns;
 #[doc(hidden)]
 pub mod number_map;
 #[doc(hidden)]
+pub mod padded;
+#[doc(hidden)]
 pub mod tunables;
 #[doc(hidden)]
 pub mod volume;

@@ -1,49 +1,66 @@
-//! Tables of locks created on demand and dropped when no one holds or waits for
-//! them: one lock per inode (or per directory) without a lock per inode in memory.
-//! `LockTable` holds mutexes, `RwLockTable` reader-writer locks (a directory's
-//! structure lock).
+//! Tables of locks created on demand: one lock per inode (or per directory)
+//! without a lock per inode in memory. `LockTable` holds mutexes,
+//! `RwLockTable` reader-writer locks (a directory's structure lock).
 //!
-//! The map from key to lock is split over shards by key, so operations on
-//! different inodes do not meet on one mutex just to find their lock.
+//! The map from key to lock is split over shards by key, each on cache lines of
+//! its own, so operations on different inodes do not meet on one mutex (or one
+//! line) just to find their lock. A lock nobody holds stays in its shard until
+//! the shard passes `SWEEP_AT` entries, and is swept then: releasing a lock takes
+//! no shard lock, and a directory's locks, taken by every change of its names,
+//! are not freed and allocated again between two changes (on two threads each of
+//! those had been a shard lock and an allocation freed by the other thread).
+//! So a table holds at most `SHARDS * SWEEP_AT` free locks, plus those in use.
 //!
 //! Callers that take several must take them in ascending key order (the lock order
 //! of docs/ARCHITECTURE.md); `lock_many`, `write_many` and `lock_modes` do that
 //! for them.
 
 use crate::number_map::NumberMap;
+use crate::padded::CachePadded;
 use parking_lot::{ArcMutexGuard, ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawMutex, RawRwLock, RwLock};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 const SHARDS: usize = 64;
 
-/// Locks of type `L`, one per key in use, in shards.
+/// Entries a shard keeps before it sweeps out the locks nobody holds or waits for.
+const SWEEP_AT: usize = 32;
+
+/// One shard: key -> lock.
+type Shard<L> = CachePadded<Mutex<NumberMap<u64, Arc<L>>>>;
+
+/// Locks of type `L`, one per key in use (and a bounded number of free ones), in shards.
 struct Shards<L> {
-    shards: Vec<Mutex<NumberMap<u64, Arc<L>>>>,
+    shards: Vec<Shard<L>>,
 }
 
 impl<L: Default> Default for Shards<L> {
     fn default() -> Shards<L> {
-        Shards { shards: (0..SHARDS).map(|_| Mutex::new(NumberMap::default())).collect() }
+        Shards { shards: (0..SHARDS).map(|_| CachePadded::default()).collect() }
     }
 }
 
 impl<L: Default> Shards<L> {
     fn shard(&self, key: u64) -> &Mutex<NumberMap<u64, Arc<L>>> {
-        // Keys are inode numbers: consecutive ones land in different shards.
-        &self.shards[(key % SHARDS as u64) as usize]
+        &self.shards[crate::number_map::shard_of(key, SHARDS)]
     }
 
+    /// `key`'s lock. A holder or waiter owns a clone of the `Arc`, so an entry
+    /// whose count is one (the map's own) is free, and only such are swept.
     fn get(&self, key: u64) -> Arc<L> {
-        self.shard(key).lock().entry(key).or_default().clone()
+        let mut map = self.shard(key).lock();
+        if let Some(lock) = map.get(&key) {
+            return lock.clone();
+        }
+        if map.len() >= SWEEP_AT {
+            map.retain(|_, lock| Arc::strong_count(lock) > 1);
+        }
+        map.entry(key).or_default().clone()
     }
 
-    /// The caller dropped its hold on `key`'s lock (and its clone of the `Arc`):
-    /// the entry goes when only the map's own reference is left.
-    fn release(&self, key: u64) {
-        let mut map = self.shard(key).lock();
-        if map.get(&key).is_some_and(|m| Arc::strong_count(m) == 1) {
-            map.remove(&key);
-        }
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
     }
 }
 
@@ -52,30 +69,23 @@ pub struct LockTable {
     locks: Shards<Mutex<()>>,
 }
 
+/// A hold on one key's lock, released when dropped. It borrows its table
+/// only to keep holds from outliving it.
 pub struct Held<'a> {
-    table: &'a LockTable,
-    key: u64,
-    guard: Option<ArcMutexGuard<RawMutex, ()>>,
+    _guard: ArcMutexGuard<RawMutex, ()>,
+    _table: PhantomData<&'a LockTable>,
 }
 
 impl LockTable {
     pub fn lock(&self, key: u64) -> Held<'_> {
         let m = self.locks.get(key);
-        Held { table: self, key, guard: Some(Mutex::lock_arc(&m)) }
+        Held { _guard: Mutex::lock_arc(&m), _table: PhantomData }
     }
 
     /// Takes the lock of `key` only if nobody holds it.
     pub fn try_lock(&self, key: u64) -> Option<Held<'_>> {
         let m = self.locks.get(key);
-        let guard = Mutex::try_lock_arc(&m);
-        drop(m);
-        match guard {
-            Some(guard) => Some(Held { table: self, key, guard: Some(guard) }),
-            None => {
-                self.locks.release(key);
-                None
-            }
-        }
+        Mutex::try_lock_arc(&m).map(|guard| Held { _guard: guard, _table: PhantomData })
     }
 
     /// Locks every distinct key, in ascending order.
@@ -87,19 +97,13 @@ impl LockTable {
     }
 }
 
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        self.table.locks.release(self.key);
-    }
-}
-
 /// Reader-writer locks by key.
 #[derive(Default)]
 pub struct RwLockTable {
     locks: Shards<RwLock<()>>,
 }
 
+/// Held only to be dropped: dropping it releases the lock.
 enum RwGuard {
     Read(#[allow(dead_code)] ArcRwLockReadGuard<RawRwLock, ()>),
     Write(#[allow(dead_code)] ArcRwLockWriteGuard<RawRwLock, ()>),
@@ -112,36 +116,28 @@ pub enum Mode {
     Exclusive,
 }
 
-/// A read or write hold on one key's lock.
+/// A read or write hold on one key's lock, released when dropped.
 pub struct RwHeld<'a> {
-    table: &'a RwLockTable,
-    key: u64,
-    guard: Option<RwGuard>,
+    #[cfg_attr(not(test), allow(dead_code))]
+    guard: RwGuard,
+    _table: PhantomData<&'a RwLockTable>,
 }
 
 impl RwLockTable {
     pub fn read(&self, key: u64) -> RwHeld<'_> {
         let l = self.locks.get(key);
-        RwHeld { table: self, key, guard: Some(RwGuard::Read(RwLock::read_arc(&l))) }
+        RwHeld { guard: RwGuard::Read(RwLock::read_arc(&l)), _table: PhantomData }
     }
 
     pub fn write(&self, key: u64) -> RwHeld<'_> {
         let l = self.locks.get(key);
-        RwHeld { table: self, key, guard: Some(RwGuard::Write(RwLock::write_arc(&l))) }
+        RwHeld { guard: RwGuard::Write(RwLock::write_arc(&l)), _table: PhantomData }
     }
 
     /// Takes the lock of `key` for writing only if nobody holds it.
     pub fn try_write(&self, key: u64) -> Option<RwHeld<'_>> {
         let l = self.locks.get(key);
-        let guard = RwLock::try_write_arc(&l);
-        drop(l);
-        match guard {
-            Some(g) => Some(RwHeld { table: self, key, guard: Some(RwGuard::Write(g)) }),
-            None => {
-                self.locks.release(key);
-                None
-            }
-        }
+        RwLock::try_write_arc(&l).map(|g| RwHeld { guard: RwGuard::Write(g), _table: PhantomData })
     }
 
     pub fn lock(&self, key: u64, mode: Mode) -> RwHeld<'_> {
@@ -168,39 +164,49 @@ impl RwLockTable {
     }
 }
 
-impl Drop for RwHeld<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        self.table.locks.release(self.key);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn entries_go_once_nobody_holds_or_waits() {
+    fn holds_exclude_and_release() {
         let table = LockTable::default();
         let a = table.lock(7);
         assert!(table.try_lock(7).is_none(), "held");
         drop(a);
-        assert!(table.locks.shard(7).lock().is_empty(), "a free lock leaves no entry");
         let b = table.try_lock(7).expect("free again");
         drop(b);
         let rw = RwLockTable::default();
         let r1 = rw.read(3);
         let r2 = rw.read(3);
+        assert!(rw.try_write(3).is_none(), "read-held");
         drop((r1, r2));
         let w = rw.write_many(&[9, 3, 9]);
-        assert_eq!(w.iter().map(|h| h.key).collect::<Vec<_>>(), [3, 9]);
+        assert_eq!(w.len(), 2, "9 is taken once");
+        assert!(rw.try_write(3).is_none() && rw.try_write(9).is_none());
         drop(w);
         let mixed = rw.lock_modes(&[(5, Mode::Shared), (4, Mode::Shared), (5, Mode::Exclusive)]);
-        assert_eq!(mixed.iter().map(|h| h.key).collect::<Vec<_>>(), [4, 5]);
-        assert!(matches!(mixed[1].guard, Some(RwGuard::Write(_))), "5 is held exclusive");
+        assert_eq!(mixed.len(), 2);
+        assert!(matches!(mixed[0].guard, RwGuard::Read(_)), "4 is held shared");
+        assert!(matches!(mixed[1].guard, RwGuard::Write(_)), "5 is held exclusive");
         assert!(rw.try_write(5).is_none() && rw.try_write(4).is_none());
         drop(mixed);
         assert!(rw.try_write(4).is_some());
-        assert!(rw.locks.shards.iter().all(|s| s.lock().is_empty()));
+    }
+
+    #[test]
+    fn free_locks_are_swept_and_held_ones_kept() {
+        let table = RwLockTable::default();
+        let held: Vec<RwHeld<'_>> = (0..100u64).map(|k| table.write(k)).collect();
+        // A million keys taken and let go: each shard sweeps when it passes its bound.
+        for k in 1_000..1_001_000u64 {
+            drop(table.read(k));
+        }
+        assert!(table.locks.len() <= 100 + SHARDS * SWEEP_AT, "{} entries", table.locks.len());
+        for k in 0..100u64 {
+            assert!(table.try_write(k).is_none(), "lock {k} survived the sweeps while held");
+        }
+        drop(held);
+        assert!(table.try_write(42).is_some());
     }
 }

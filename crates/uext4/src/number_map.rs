@@ -20,6 +20,17 @@ pub type NumberMap<K, V> = HashMap<K, V, BuildHasherDefault<NumberHasher>>;
 /// The multiplier of Fibonacci hashing: 2^64 divided by the golden ratio, odd.
 pub(crate) const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 
+/// Which of `shards` (a power of two, at least 2) a number-keyed map shard
+/// `key` belongs to: the top bits of its Fibonacci product, so that runs of
+/// keys (consecutive inode numbers) and keys a stride apart (the same slot of
+/// each group's inode table, inode numbers 8,192 apart) both spread. `key %
+/// shards` put the second kind all in one shard: two threads creating files in
+/// two directories of different groups met on one shard lock every operation.
+pub(crate) fn shard_of(key: u64, shards: usize) -> usize {
+    debug_assert!(shards >= 2 && shards.is_power_of_two());
+    (key.wrapping_mul(GOLDEN) >> (64 - shards.trailing_zeros())) as usize
+}
+
 /// See the module comment.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NumberHasher(u64);
@@ -59,6 +70,12 @@ mod tests {
             let top: std::collections::HashSet<u64> = keys.iter().map(|k| build.hash_one(k) >> 57).collect();
             assert!(low.len() > 600, "{} distinct bucket indexes of 1024", low.len());
             assert_eq!(top.len(), 128, "every control byte value is used");
+        }
+        // Shards: a run and a stride of a group's inodes each use most shards.
+        for keys in [(1..65u64).collect::<Vec<_>>(), (0..64u64).map(|g| g * 8192 + 5001).collect()] {
+            let used: std::collections::HashSet<usize> = keys.iter().map(|&k| shard_of(k, 64)).collect();
+            assert!(used.len() > 36, "{} of 64 shards used", used.len());
+            assert!(keys.iter().all(|&k| shard_of(k, 16) < 16));
         }
         let mut map: NumberMap<u32, u32> = NumberMap::default();
         map.insert(7, 1);

@@ -43,8 +43,7 @@ impl Filesystem {
         self.vol.check_metadata_free_range(blk, 1, &|| format!("xattr block of inode {ino}"))?;
         let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
         let seed = self.vol.geo.csum_seed;
-        self.vol.cache.classify(blk, crate::dev::IoClass::Other);
-        let buf = self.vol.cache.get_verified(blk, |b| {
+        let buf = self.vol.cache.get_verified_as(blk, crate::dev::IoClass::Other, |b| {
             if verify {
                 xattr::verify_block_checksum(b, blk, seed)?;
             }

@@ -25,6 +25,7 @@
 use crate::dev::{BlockDevice, IoClass};
 use crate::error::Result;
 use crate::number_map::NumberMap;
+use crate::padded::CachePadded;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -65,6 +66,10 @@ impl Buffer {
 struct Shard {
     map: NumberMap<u64, Arc<Buffer>>,
     clock: VecDeque<u64>,
+    /// Lookups that found their block, counted here under the shard's lock:
+    /// one counter for the whole cache was a line every lookup of every
+    /// thread wrote.
+    hits: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,9 +83,8 @@ pub struct CacheStats {
 pub struct BufferCache {
     dev: Arc<dyn BlockDevice>,
     block_size: usize,
-    shards: Vec<Mutex<Shard>>,
+    shards: Vec<CachePadded<Mutex<Shard>>>,
     shard_capacity: usize,
-    hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
     verifications: AtomicU64,
@@ -101,9 +105,8 @@ impl BufferCache {
         BufferCache {
             dev,
             block_size,
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS).map(|_| CachePadded::default()).collect(),
             shard_capacity: (capacity / SHARDS).max(4),
-            hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             verifications: AtomicU64::new(0),
@@ -121,8 +124,7 @@ impl BufferCache {
     }
 
     fn shard(&self, block: u64) -> &Mutex<Shard> {
-        let h = block.wrapping_mul(crate::number_map::GOLDEN) >> 60;
-        &self.shards[h as usize % SHARDS]
+        &self.shards[crate::number_map::shard_of(block, SHARDS)]
     }
 
     /// The buffer for `block`, read from the device on a miss.
@@ -140,12 +142,39 @@ impl BufferCache {
     /// loaded (checksum and structure checks); later gets skip it.
     pub fn get_verified(&self, block: u64, verify: impl FnOnce(&[u8]) -> Result<()>) -> Result<Arc<Buffer>> {
         let b = self.get(block)?;
+        self.verify_once(&b, verify)?;
+        Ok(b)
+    }
+
+    /// As `get_verified`, for a block whose role the geometry does not tell
+    /// (see `classify`): it is classified only when it is not cached, before
+    /// it is read. A cached block was classified when it came in (read or
+    /// made) and keeps its class until `forget`; classifying on every get put
+    /// a shared map's lock on the path of every directory block access.
+    pub fn get_verified_as(
+        &self,
+        block: u64,
+        class: IoClass,
+        verify: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<Arc<Buffer>> {
+        let b = match self.lookup(block) {
+            Some(b) => b,
+            None => {
+                self.classify(block, class);
+                self.get(block)?
+            }
+        };
+        self.verify_once(&b, verify)?;
+        Ok(b)
+    }
+
+    fn verify_once(&self, b: &Buffer, verify: impl FnOnce(&[u8]) -> Result<()>) -> Result<()> {
         if !b.is_verified() {
             self.verifications.fetch_add(1, Ordering::Relaxed);
             verify(&b.read())?;
             b.verified.store(true, Ordering::Release);
         }
-        Ok(b)
+        Ok(())
     }
 
     /// A buffer for a block whose old contents do not matter (newly allocated):
@@ -187,11 +216,15 @@ impl BufferCache {
     }
 
     fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
-        let shard = self.shard(block).lock();
-        let b = shard.map.get(&block)?;
-        b.referenced.store(true, Ordering::Relaxed);
-        self.hits.fetch_add(1, Ordering::Relaxed);
-        Some(b.clone())
+        let mut shard = self.shard(block).lock();
+        let b = shard.map.get(&block)?.clone();
+        shard.hits += 1;
+        // Written only when clear: blocks every operation reads (an htree root,
+        // a bitmap) would otherwise have their line taken by each reader.
+        if !b.referenced.load(Ordering::Relaxed) {
+            b.referenced.store(true, Ordering::Relaxed);
+        }
+        Some(b)
     }
 
     fn insert(&self, block: u64, data: Box<[u8]>) -> Arc<Buffer> {
@@ -405,7 +438,7 @@ impl BufferCache {
 
     pub fn stats(&self) -> CacheStats {
         CacheStats {
-            hits: self.hits.load(Ordering::Relaxed),
+            hits: self.shards.iter().map(|s| s.lock().hits).sum(),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             checksum_verifications: self.verifications.load(Ordering::Relaxed),

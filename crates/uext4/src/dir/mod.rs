@@ -123,8 +123,7 @@ impl Filesystem {
         let indexed = self.is_indexed(inode);
         let seed = self.inode_seed(ino, inode);
         let bs = self.vol.geo.block_size;
-        self.vol.cache.classify(pblk, IoClass::Directory);
-        self.vol.cache.get_verified(pblk, |b| {
+        self.vol.cache.get_verified_as(pblk, IoClass::Directory, |b| {
             if !verify {
                 return Ok(());
             }

@@ -143,8 +143,7 @@ impl Filesystem {
         let what = || format!("indirect block {block} of inode {ino}");
         self.vol.check_metadata_free_range(block, 1, &what)?;
         // Mapping metadata, as an extent node is, to the device's I/O model.
-        self.vol.cache.classify(block, crate::dev::IoClass::ExtentNode);
-        self.vol.cache.get_verified(block, |data| {
+        self.vol.cache.get_verified_as(block, crate::dev::IoClass::ExtentNode, |data| {
             for (i, raw) in data.chunks_exact(4).enumerate() {
                 let p = u32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) as u64;
                 if p != 0 {

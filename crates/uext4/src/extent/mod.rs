@@ -104,8 +104,7 @@ impl Filesystem {
         let location = format!("extent tree of inode {ino}, node at block {block}");
         self.vol.check_block(block, &|| location.clone())?;
         let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
-        self.vol.cache.classify(block, crate::dev::IoClass::ExtentNode);
-        let buf = self.vol.cache.get_verified(block, |b| {
+        let buf = self.vol.cache.get_verified_as(block, crate::dev::IoClass::ExtentNode, |b| {
             if verify {
                 extent::verify_block_checksum(b, seed, &location)?;
             }

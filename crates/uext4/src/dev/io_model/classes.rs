@@ -100,7 +100,7 @@ impl BlockClasses {
     }
 
     fn shard(&self, block: u64) -> &Mutex<HashMap<u64, IoClass>> {
-        &self.tags[(block.wrapping_mul(crate::number_map::GOLDEN) >> 60) as usize % TAG_SHARDS]
+        &self.tags[crate::number_map::shard_of(block, TAG_SHARDS)]
     }
 
     /// Says what `block` holds until it is freed.
