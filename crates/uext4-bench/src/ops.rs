@@ -42,6 +42,21 @@ pub trait FsOps: Send + Sync {
     fn set_mtime(&self, path: &str, secs: i64) -> io::Result<()>;
     /// Makes everything written so far durable on the image.
     fn sync(&self) -> io::Result<()>;
+    /// Opens directory `path` for the calls of `DirOps`, which take names in it.
+    fn open_dir(&self, path: &str) -> io::Result<Box<dyn DirOps>>;
+}
+
+/// A directory opened once, whose names are then created, renamed and removed
+/// relative to it, as a program that changed into the directory does (seed
+/// 002's crunl and rndrename `chdir` there and use bare names): no walk from
+/// the root for each call. The library keeps the directory's inode number, a
+/// mount a descriptor for `openat`, `unlinkat` and `renameat`.
+pub trait DirOps: Send + Sync {
+    /// As `FsOps::create`, for a name in this directory.
+    fn create(&self, name: &str, perm: u32) -> io::Result<Box<dyn FileOps>>;
+    fn unlink(&self, name: &str) -> io::Result<()>;
+    /// rename(2) of one name in this directory to another, replacing it if it exists.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
 }
 
 pub trait FileOps: Send {
@@ -162,6 +177,36 @@ impl FsOps for Uext4Ops {
 
     fn sync(&self) -> io::Result<()> {
         self.fs.sync().map_err(to_io)
+    }
+
+    fn open_dir(&self, path: &str) -> io::Result<Box<dyn DirOps>> {
+        let ino = self.ino(path)?;
+        if self.fs.stat(ino).map_err(to_io)?.file_type != uext4::FileType::Directory {
+            return Err(io::Error::other(format!("{path} is not a directory")));
+        }
+        Ok(Box::new(Uext4Dir { fs: self.fs.clone(), ino }))
+    }
+}
+
+/// A directory of the library's, by inode number.
+struct Uext4Dir {
+    fs: Arc<Filesystem>,
+    ino: u32,
+}
+
+impl DirOps for Uext4Dir {
+    fn create(&self, name: &str, perm: u32) -> io::Result<Box<dyn FileOps>> {
+        let st = self.fs.create(self.ino, name.as_bytes(), perm as u16, ROOT).map_err(to_io)?;
+        self.fs.open_inode(st.ino).map_err(to_io)?;
+        Ok(Box::new(Uext4File { fs: self.fs.clone(), ino: st.ino }))
+    }
+
+    fn unlink(&self, name: &str) -> io::Result<()> {
+        self.fs.unlink(self.ino, name.as_bytes()).map_err(to_io)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.fs.rename(self.ino, from.as_bytes(), self.ino, to.as_bytes(), 0).map_err(to_io)
     }
 }
 
@@ -318,6 +363,56 @@ impl FsOps for PosixOps {
             File::options().write(true).create(true).truncate(false).open(marker)?.sync_all()?;
         }
         Ok(())
+    }
+
+    fn open_dir(&self, path: &str) -> io::Result<Box<dyn DirOps>> {
+        let dir = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(self.at(path))?;
+        Ok(Box::new(PosixDir(dir)))
+    }
+}
+
+/// A directory below a mount point, by descriptor.
+struct PosixDir(File);
+
+impl PosixDir {
+    fn fd(&self) -> libc::c_int {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+}
+
+fn c_name(name: &str) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(name).map_err(|_| io::Error::other("a name holds a NUL byte"))
+}
+
+/// The result of a libc call that returns -1 and sets errno on failure.
+fn libc_result(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(r)
+}
+
+impl DirOps for PosixDir {
+    fn create(&self, name: &str, perm: u32) -> io::Result<Box<dyn FileOps>> {
+        let name = c_name(name)?;
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        let fd = libc_result(unsafe { libc::openat(self.fd(), name.as_ptr(), flags, perm as libc::c_uint) })?;
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Box::new(PosixFile(file)))
+    }
+
+    fn unlink(&self, name: &str) -> io::Result<()> {
+        let name = c_name(name)?;
+        // SAFETY: a valid directory descriptor and a NUL-terminated name.
+        libc_result(unsafe { libc::unlinkat(self.fd(), name.as_ptr(), 0) }).map(drop)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (from, to) = (c_name(from)?, c_name(to)?);
+        // SAFETY: valid directory descriptors and NUL-terminated names.
+        libc_result(unsafe { libc::renameat(self.fd(), from.as_ptr(), self.fd(), to.as_ptr()) }).map(drop)
     }
 }
 

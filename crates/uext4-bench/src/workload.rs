@@ -1120,13 +1120,16 @@ impl Workload for Crunl {
     fn run(&self, quick: bool, _input: &Path, phases: &mut dyn Phases) -> Result<(), BenchError> {
         let n = crunl_rounds(quick);
         phases.untimed(&mut |fs| prefill(fs, "d", quick))?;
+        // As the seed's programs, which changed into the directory: names
+        // relative to it, opened once per phase (`DirOps`).
         for threads in [1u64, 2, 4] {
             phases.threads(threads);
             phases.timed(&format!("T={threads}"), n, &mut |fs| {
-                on_threads(fs, threads, n, &|fs, t, _| {
-                    let name = format!("d/f-{t}");
-                    drop(fs.create(&name, 0o644)?);
-                    fs.unlink(&name)
+                let dir = fs.open_dir("d")?;
+                on_threads(fs, threads, n, &|_, t, _| {
+                    let name = format!("f-{t}");
+                    drop(dir.create(&name, 0o644)?);
+                    dir.unlink(&name)
                 })
             })?;
         }
@@ -1135,10 +1138,12 @@ impl Workload for Crunl {
         phases.untimed(&mut |fs| (0..2).try_for_each(|t| prefill(fs, &format!("apart-{t}"), quick)))?;
         phases.threads(2);
         phases.timed("T=2 apart", n, &mut |fs| {
-            on_threads(fs, 2, n, &|fs, t, _| {
-                let name = format!("apart-{t}/f-{t}");
-                drop(fs.create(&name, 0o644)?);
-                fs.unlink(&name)
+            let dirs = [fs.open_dir("apart-0")?, fs.open_dir("apart-1")?];
+            on_threads(fs, 2, n, &|_, t, _| {
+                let name = format!("f-{t}");
+                let dir = &dirs[t as usize];
+                drop(dir.create(&name, 0o644)?);
+                dir.unlink(&name)
             })
         })?;
         Ok(())
@@ -1172,14 +1177,15 @@ impl Workload for RndRename {
         for threads in [1u64, 2, 4] {
             phases.threads(threads);
             phases.timed(&format!("T={threads}"), n, &mut |fs| {
-                on_threads(fs, threads, n, &|fs, t, i| {
+                let dir = fs.open_dir("d")?;
+                on_threads(fs, threads, n, &|_, t, i| {
                     // Random names, distinct between threads (the thread in them).
                     let mut rng = Rng::new((threads << 40) ^ (t << 32) ^ i);
-                    let from = format!("d/r{t}-{:016x}", rng.next_u64());
-                    let to = format!("d/r{t}-{:016x}", rng.next_u64());
-                    drop(fs.create(&from, 0o644)?);
-                    fs.rename(&from, &to)?;
-                    fs.unlink(&to)
+                    let from = format!("r{t}-{:016x}", rng.next_u64());
+                    let to = format!("r{t}-{:016x}", rng.next_u64());
+                    drop(dir.create(&from, 0o644)?);
+                    dir.rename(&from, &to)?;
+                    dir.unlink(&to)
                 })
             })?;
         }

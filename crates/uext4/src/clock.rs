@@ -46,6 +46,22 @@ pub fn precise() -> (i64, u32) {
     (d.as_secs() as i64, d.subsec_nanos())
 }
 
+/// Seconds and nanoseconds from CLOCK_REALTIME_COARSE, which moves once per
+/// scheduler tick (the precise clock if it cannot be read), or the fixed time:
+/// what the kernel's `current_time` stamps a directory with when names in it
+/// change.
+pub fn coarse() -> (i64, u32) {
+    if let Some(fixed) = fixed_time() {
+        return (fixed, 0);
+    }
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
+        return precise();
+    }
+    (ts.tv_sec, ts.tv_nsec as u32)
+}
+
 /// Seconds since the epoch from CLOCK_REALTIME_COARSE (0 if the clock cannot be
 /// read), or the fixed time (0 if it is before the epoch).
 pub fn coarse_seconds() -> u64 {

@@ -194,13 +194,13 @@ impl Filesystem {
         self.vol.group_first_block(group.min(geo.group_count - 1))
     }
 
-    /// Removes `name` from `dir`; returns the inode it named.
-    pub(crate) fn remove_entry(&self, tx: &mut Handle, dir: u32, dir_inode: &Inode, name: &[u8]) -> Result<u32> {
-        self.remove_entry_near(tx, dir, dir_inode, name, None)
-    }
-
-    /// `remove_entry`, looking first in block `hint` of a linear directory
-    /// (see `lookup_held_near`).
+    /// Removes `name` from `dir`; returns the inode it named. Looks first in
+    /// block `hint`, where the caller's lookup found the name
+    /// (`lookup_held_at`): in a linear directory, so that remove_tree's scans
+    /// of thousands of blocks are not quadratic; in an indexed one, to spare a
+    /// second walk of the index and a second search of the leaf. A name is in
+    /// one place only, so finding it in `hint` settles it; a split since the
+    /// lookup may have moved it, and then the index is walked.
     pub(crate) fn remove_entry_near(
         &self,
         tx: &mut Handle,
@@ -215,55 +215,72 @@ impl Filesystem {
             self.write_inode(tx, dir, &changed)?;
             return Ok(ino);
         }
-        // An indexed directory names the one leaf to look in; a linear one, all blocks.
-        let blocks: Box<dyn Iterator<Item = u64>> = if self.is_indexed(dir_inode) {
-            match self.htree_lookup(dir, dir_inode, name)? {
-                Some((_, leaf)) => Box::new(std::iter::once(leaf)),
-                None => Box::new(std::iter::empty()),
+        let nblocks = self.dir_blocks(dir, dir_inode)?;
+        let hint = hint.filter(|&h| h < nblocks);
+        if self.is_indexed(dir_inode) {
+            if let Some(ino) =
+                hint.map(|leaf| self.remove_in_block(tx, dir, dir_inode, leaf, name)).transpose()?.flatten()
+            {
+                return Ok(ino);
+            }
+            if let Some((_, leaf)) = self.htree_lookup(dir, dir_inode, name)? {
+                if let Some(ino) = self.remove_in_block(tx, dir, dir_inode, leaf, name)? {
+                    return Ok(ino);
+                }
             }
         } else {
-            Box::new(Self::linear_order(self.dir_blocks(dir, dir_inode)?, hint))
-        };
-        let bs = self.vol.geo.block_size;
-        let seed = self.inode_seed(dir, dir_inode);
-        let tail = self.tail_len();
-        for lblk in blocks {
-            let buf = self.dir_block(dir, dir_inode, lblk)?;
-            let mut data = buf.write();
-            let location = format!("directory inode {dir} block {lblk}");
-            let mut prev: Option<(usize, usize)> = None;
-            let mut found = None;
-            for e in DirEntryIter::new(
-                &data[..bs - tail],
-                bs,
-                self.vol.geo.has_filetype,
-                self.vol.geo.inodes_count,
-                &location,
-            ) {
-                let e = e?;
-                if e.inode != 0 && e.name == name {
-                    found = Some((e.offset, e.rec_len, e.inode, prev));
-                    break;
+            for lblk in Self::linear_order(nblocks, hint) {
+                if let Some(ino) = self.remove_in_block(tx, dir, dir_inode, lblk, name)? {
+                    return Ok(ino);
                 }
-                prev = Some((e.offset, e.rec_len));
             }
-            let Some((off, rec_len, ino, prev)) = found else { continue };
-            match prev {
-                Some((poff, prec)) => {
-                    let merged = dirent::rec_len_to_disk(prec + rec_len, bs);
-                    data[poff + 4..poff + 6].copy_from_slice(&merged.to_le_bytes());
-                }
-                None => data[off..off + 4].copy_from_slice(&0u32.to_le_bytes()),
-            }
-            debug_assert_eq!(le32(&data, off), if prev.is_none() { 0 } else { ino });
-            if self.vol.geo.metadata_csum {
-                dirent::set_tail(&mut data, seed);
-            }
-            drop(data);
-            tx.dirty(&buf);
-            return Ok(ino);
         }
         Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()))
+    }
+
+    /// Removes `name` from block `lblk` if it is there (merging its record into
+    /// the one before it, or clearing its inode when it is the block's first);
+    /// returns the inode it named.
+    fn remove_in_block(
+        &self,
+        tx: &mut Handle,
+        dir: u32,
+        dir_inode: &Inode,
+        lblk: u64,
+        name: &[u8],
+    ) -> Result<Option<u32>> {
+        let bs = self.vol.geo.block_size;
+        let tail = self.tail_len();
+        let buf = self.dir_block(dir, dir_inode, lblk)?;
+        let mut data = buf.write();
+        let location = format!("directory inode {dir} block {lblk}");
+        let mut prev: Option<(usize, usize)> = None;
+        let mut found = None;
+        for e in
+            DirEntryIter::new(&data[..bs - tail], bs, self.vol.geo.has_filetype, self.vol.geo.inodes_count, &location)
+        {
+            let e = e?;
+            if e.inode != 0 && e.name == name {
+                found = Some((e.offset, e.rec_len, e.inode, prev));
+                break;
+            }
+            prev = Some((e.offset, e.rec_len));
+        }
+        let Some((off, rec_len, ino, prev)) = found else { return Ok(None) };
+        match prev {
+            Some((poff, prec)) => {
+                let merged = dirent::rec_len_to_disk(prec + rec_len, bs);
+                data[poff + 4..poff + 6].copy_from_slice(&merged.to_le_bytes());
+            }
+            None => data[off..off + 4].copy_from_slice(&0u32.to_le_bytes()),
+        }
+        debug_assert_eq!(le32(&data, off), if prev.is_none() { 0 } else { ino });
+        if self.vol.geo.metadata_csum {
+            dirent::set_tail(&mut data, self.inode_seed(dir, dir_inode));
+        }
+        drop(data);
+        tx.dirty(&buf);
+        Ok(Some(ino))
     }
 }
 

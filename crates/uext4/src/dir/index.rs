@@ -31,6 +31,27 @@ struct Frame {
     at: usize,
 }
 
+impl Frame {
+    /// The block of the entry followed downward: at the lowest level, the leaf.
+    fn leaf(&self) -> u64 {
+        self.entries[self.at].block as u64
+    }
+}
+
+/// What `dx_path` finds for a name.
+struct DxPath {
+    root_version: u8,
+    hash: u32,
+    levels: u8,
+    frames: Vec<Frame>,
+}
+
+impl DxPath {
+    fn leaf(&self) -> u64 {
+        self.frames.last().expect("an htree has a root frame").leaf()
+    }
+}
+
 impl Filesystem {
     fn dx_hash_of(&self, root_version: u8, name: &[u8]) -> Result<u32> {
         Ok(hash::dx_hash(name, self.effective_hash_version(root_version), &self.vol.geo.hash_seed)?.major)
@@ -44,14 +65,18 @@ impl Filesystem {
         Ok(info.hash_version)
     }
 
-    /// The root's hash version and the frames leading to the leaf for `hash`.
-    fn dx_frames(&self, dir: u32, inode: &Inode, hash: u32) -> Result<(u8, u8, Vec<Frame>)> {
+    /// The path to the leaf `name` belongs in, with one read of the root: the
+    /// root's hash version (before the superblock's unsigned flag), the
+    /// name's hash, the index depth, and the frames from the root down. (Each
+    /// insert used to read the root twice, once for its hash version.)
+    fn dx_path(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<DxPath> {
         let bs = self.vol.geo.block_size;
         let csum = self.vol.geo.metadata_csum;
         let loc = |lblk: u64| format!("htree of directory inode {dir} block {lblk}");
         let root = self.dir_block(dir, inode, 0)?;
         let data = root.read();
         let info = htree::parse_root_info(&data, &loc(0))?;
+        let hash = self.dx_hash_of(info.hash_version, name)?;
         let limit = htree::dx_limit(bs, DX_ROOT_COUNTLIMIT_OFFSET, csum);
         let node = htree::parse_node(&data, DX_ROOT_COUNTLIMIT_OFFSET, limit, &loc(0))?;
         drop(data);
@@ -73,7 +98,7 @@ impl Filesystem {
                 at,
             });
         }
-        Ok((info.hash_version, info.indirect_levels, frames))
+        Ok(DxPath { root_version: info.hash_version, hash, levels: info.indirect_levels, frames })
     }
 
     /// The hash the index files `name` under in directory `dir`.
@@ -83,11 +108,7 @@ impl Filesystem {
 
     /// The leaf block `name` belongs in.
     pub(crate) fn dx_leaf_for(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u64> {
-        let root_version = self.dx_root_version(dir, inode)?;
-        let hash = self.dx_hash_of(root_version, name)?;
-        let (_, _, frames) = self.dx_frames(dir, inode, hash)?;
-        let f = frames.last().expect("an htree has a root frame");
-        Ok(f.entries[f.at].block as u64)
+        Ok(self.dx_path(dir, inode, name)?.leaf())
     }
 
     /// Writes a frame's entries back to its block (creating the node header for a new block).
@@ -128,11 +149,8 @@ impl Filesystem {
         ino: u32,
         ft: u8,
     ) -> Result<bool> {
-        let root_version = self.dx_root_version(dir, inode)?;
-        let hash = self.dx_hash_of(root_version, name)?;
-        let (_, _, frames) = self.dx_frames(dir, inode, hash)?;
-        let f = frames.last().expect("an htree has a root frame");
-        self.insert_in_block(tx, dir, inode, f.entries[f.at].block as u64, name, ino, ft)
+        let leaf = self.dx_leaf_for(dir, inode, name)?;
+        self.insert_in_block(tx, dir, inode, leaf, name, ino, ft)
     }
 
     /// Adds a name to an indexed directory; returns the directory inode as updated.
@@ -145,13 +163,8 @@ impl Filesystem {
         ino: u32,
         ft: u8,
     ) -> Result<Inode> {
-        let root_version = self.dx_root_version(dir, &inode)?;
-        let hash = self.dx_hash_of(root_version, name)?;
-        let (_, levels, mut frames) = self.dx_frames(dir, &inode, hash)?;
-        let leaf = {
-            let f = frames.last().unwrap();
-            f.entries[f.at].block as u64
-        };
+        let DxPath { root_version, hash, levels, mut frames } = self.dx_path(dir, &inode, name)?;
+        let leaf = frames.last().expect("an htree has a root frame").leaf();
         if self.insert_in_block(tx, dir, &inode, leaf, name, ino, ft)? {
             return Ok(inode);
         }

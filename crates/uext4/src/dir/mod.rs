@@ -344,6 +344,18 @@ impl Filesystem {
     /// of blocks long, and a scan from block 0 for every name would be
     /// quadratic. The answer is the same with any hint.
     pub(crate) fn lookup_held_near(&self, dir: u32, name: &[u8], hint: Option<u64>) -> Result<Option<u32>> {
+        Ok(self.lookup_held_at(dir, name, hint)?.map(|(ino, _)| ino))
+    }
+
+    /// `lookup_held_near`, also saying which block the name was found in (none
+    /// for an inline directory), for a removal to look there first
+    /// (`remove_entry_near`).
+    pub(crate) fn lookup_held_at(
+        &self,
+        dir: u32,
+        name: &[u8],
+        hint: Option<u64>,
+    ) -> Result<Option<(u32, Option<u64>)>> {
         // The inode is judged under the structure lock too: an unlink or rmdir
         // holds it (for writing in a linear directory, where a lookup takes no
         // name slot) from removing the entry until the inode's link count is
@@ -352,7 +364,7 @@ impl Filesystem {
         // (remove_tree's racing lookups met it).
         let _structure = self.dir_structure.read(dir as u64);
         let found = self.lookup_entry(dir, name, hint)?;
-        if let Some(ino) = found {
+        if let Some((ino, _)) = found {
             // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
             let first_ino = self.vol.sb.read().first_ino();
             if ino < first_ino && ino != crate::ns::ROOT_INO {
@@ -374,7 +386,8 @@ impl Filesystem {
         Ok(found)
     }
 
-    fn lookup_entry(&self, dir: u32, name: &[u8], hint: Option<u64>) -> Result<Option<u32>> {
+    /// The inode `name` names, and the block it is in (none in an inline directory).
+    fn lookup_entry(&self, dir: u32, name: &[u8], hint: Option<u64>) -> Result<Option<(u32, Option<u64>)>> {
         let inode = self.require_dir(dir)?;
         if inode.i_links_count == 0 {
             if dir == crate::ns::ROOT_INO {
@@ -389,18 +402,18 @@ impl Filesystem {
             return Err(Error::NameTooLong(format!("name of {} bytes is longer than 255", name.len())));
         }
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| e.ino));
+            return Ok(self.read_inline_dir(dir, &inode)?.into_iter().find(|e| e.name == name).map(|e| (e.ino, None)));
         }
         // "." and ".." are never in the index: they are block 0's first two entries.
         if name == b"." || name == b".." {
-            return self.search_block(dir, &inode, 0, name);
+            return Ok(self.search_block(dir, &inode, 0, name)?.map(|ino| (ino, Some(0))));
         }
         if self.is_indexed(&inode) {
-            return Ok(self.htree_lookup(dir, &inode, name)?.map(|(ino, _)| ino));
+            return Ok(self.htree_lookup(dir, &inode, name)?.map(|(ino, leaf)| (ino, Some(leaf))));
         }
         for lblk in Self::linear_order(self.dir_blocks(dir, &inode)?, hint) {
             if let Some(ino) = self.search_block(dir, &inode, lblk, name)? {
-                return Ok(Some(ino));
+                return Ok(Some((ino, Some(lblk))));
             }
         }
         Ok(None)

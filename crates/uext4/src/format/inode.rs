@@ -84,7 +84,7 @@ impl Timestamp {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Inode {
     pub i_mode: u16,
     pub i_uid: u32,

@@ -108,8 +108,14 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Stamps a directory whose names changed. From the coarse clock, as the
+    /// kernel's `current_time` does: many changes within one tick then find
+    /// the directory's times already right, and `update_dir_attrs` leaves its
+    /// inode alone instead of writing it again (under pdirops the directory
+    /// inode was the one block that every change of names wrote).
     pub(crate) fn touch_dir(inode: &mut Inode) {
-        let t = now();
+        let (sec, nsec) = crate::clock::coarse();
+        let t = Timestamp { sec, nsec };
         inode.i_mtime = t;
         inode.i_ctime = t;
     }
@@ -397,7 +403,7 @@ impl Filesystem {
         let names = self.lock_names(&[(parent, name)])?;
         self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
-        let ino = self.lookup_held(parent, name)?.ok_or_else(|| Error::NotFound(shown()))?;
+        let (ino, at) = self.lookup_held_at(parent, name, None)?.ok_or_else(|| Error::NotFound(shown()))?;
         if expect.is_some_and(|e| e != ino) {
             return Err(Error::NotFound(format!("{} now names another inode", shown())));
         }
@@ -447,7 +453,7 @@ impl Filesystem {
         }
         let _structure = self.dir_structure.lock_modes(&structure);
         let parent_inode = self.inode(parent)?;
-        self.remove_entry(&mut tx, parent, &parent_inode, name)?;
+        self.remove_entry_near(&mut tx, parent, &parent_inode, name, at)?;
         self.update_dir_attrs(&mut tx, parent, None, &|dir| {
             Self::touch_dir(dir);
             if want_dir && dir.i_links_count > 2 {

@@ -118,7 +118,8 @@ impl Filesystem {
     /// Writes directory `dir`'s inode under its attribute lock: the inode as it
     /// is now, or, from a change that holds the structure lock for writing and
     /// changed size, map or flags, that change's `grown` inode with the current
-    /// times and link count; then `attrs` applied.
+    /// times and link count; then `attrs` applied. An inode `attrs` leaves as
+    /// it was is not written.
     ///
     /// # Errors
     /// What writing the inode gives.
@@ -131,6 +132,7 @@ impl Filesystem {
     ) -> Result<()> {
         let _attr = self.attr_locks.lock(dir as u64);
         let current = self.inode(dir)?;
+        let grew = grown.is_some();
         let mut inode = match grown {
             Some(mut g) => {
                 (g.i_atime, g.i_mtime, g.i_ctime) = (current.i_atime, current.i_mtime, current.i_ctime);
@@ -140,6 +142,10 @@ impl Filesystem {
             None => (*current).clone(),
         };
         attrs(&mut inode);
+        if !grew && inode == *current {
+            // Nothing changed (times already this tick's): no write, no block dirtied.
+            return Ok(());
+        }
         self.write_inode(tx, dir, &inode)
     }
 

@@ -82,7 +82,8 @@ impl Filesystem {
         self.require_dir(src_dir)?;
         self.require_dir(dst_dir)?;
         let shown = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
-        let src = self.lookup_held(src_dir, src_name)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
+        let (src, src_at) =
+            self.lookup_held_at(src_dir, src_name, None)?.ok_or_else(|| Error::NotFound(shown(src_name)))?;
         let dst = self.lookup_held(dst_dir, dst_name)?;
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(Error::Exists(shown(dst_name)));
@@ -237,7 +238,7 @@ impl Filesystem {
                 let grown = self.add_entry(&mut tx, dst_dir, parent, dst_name, src, src_ft)?;
                 self.update_dir_attrs(&mut tx, dst_dir, Some(grown), &|_| {})?;
             }
-            self.remove_entry(&mut tx, src_dir, &*self.inode(src_dir)?, src_name)?;
+            self.remove_entry_near(&mut tx, src_dir, &*self.inode(src_dir)?, src_name, src_at)?;
             if cross && src_is_dir {
                 self.set_dotdot(&mut tx, src, &mut src_inode, dst_dir)?;
                 link(src_dir, -1);
