@@ -108,3 +108,44 @@ fn rename_shapes() {
         drop(m);
     }
 }
+
+/// A rename whose new name fills a one-block directory turns it into an htree
+/// before the old name is removed: the old name was found in block 0, which is
+/// the root now. (The removal looked there first and read the root as a leaf:
+/// "rec_len 1012 runs past the end of the block", found by dir_races.)
+#[test]
+fn rename_that_makes_the_directory_an_htree() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    let mkfs = uext4::mkfs::MkfsOptions { size: 16 << 20, block_size: Some(1024), ..Default::default() };
+    uext4::mkfs::mkfs(&image, &mkfs).unwrap();
+    let name = |i: usize| format!("name-{i:03}-{}", "x".repeat(40));
+    {
+        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+        // How many names one block holds: the create that converts says.
+        let probe = fs.mkdir(ROOT_INO, b"probe", 0o755, ROOT).unwrap().ino;
+        let fits = (0..100)
+            .find(|&i| {
+                file(&fs, probe, &name(i), "p");
+                fs.stat(probe).unwrap().size > 1024
+            })
+            .expect("a 1 KiB block holds fewer than 100 such names");
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        for i in 0..fits {
+            file(&fs, d, &name(i), &format!("body {i}"));
+        }
+        assert_eq!(fs.stat(d).unwrap().size, 1024, "still one linear block");
+        fs.rename(d, name(0).as_bytes(), d, name(500).as_bytes(), 0).unwrap();
+        assert!(fs.stat(d).unwrap().size > 1024, "the new name made the directory an htree");
+        assert_eq!(fs.lookup(d, name(0).as_bytes()).unwrap(), None);
+        let moved = fs.lookup(d, name(500).as_bytes()).unwrap().expect("the new name");
+        let mut body = [0u8; 16];
+        let n = fs.read(moved, 0, &mut body).unwrap();
+        assert_eq!(&body[..n], b"body 0");
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+}

@@ -200,7 +200,9 @@ impl Filesystem {
     /// of thousands of blocks are not quadratic; in an indexed one, to spare a
     /// second walk of the index and a second search of the leaf. A name is in
     /// one place only, so finding it in `hint` settles it; a split since the
-    /// lookup may have moved it, and then the index is walked.
+    /// lookup may have moved it, and then the index is walked. Leaves stay
+    /// leaves; only block 0 changes role (a linear directory's one block
+    /// becomes the htree root), so an indexed directory never takes hint 0.
     pub(crate) fn remove_entry_near(
         &self,
         tx: &mut Handle,
@@ -218,8 +220,12 @@ impl Filesystem {
         let nblocks = self.dir_blocks(dir, dir_inode)?;
         let hint = hint.filter(|&h| h < nblocks);
         if self.is_indexed(dir_inode) {
+            // Block 0 is the root now, though it may have been the one block of
+            // a linear directory when the lookup found the name there (a rename
+            // whose new name turned the directory into an htree).
+            let leaf_hint = hint.filter(|&h| h != 0);
             if let Some(ino) =
-                hint.map(|leaf| self.remove_in_block(tx, dir, dir_inode, leaf, name)).transpose()?.flatten()
+                leaf_hint.map(|leaf| self.remove_in_block(tx, dir, dir_inode, leaf, name)).transpose()?.flatten()
             {
                 return Ok(ino);
             }
