@@ -346,18 +346,16 @@ impl FsOps for PosixOps {
             libc::timespec { tv_sec: secs as libc::time_t, tv_nsec: 0 },
         ];
         // SAFETY: a NUL-terminated path and an array of two timespecs.
-        if unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        libc_result(unsafe {
+            libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW)
+        })
+        .map(drop)
     }
 
     fn sync(&self) -> io::Result<()> {
         let dir = File::open(&self.root)?;
         // SAFETY: a valid open descriptor.
-        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        libc_result(unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) })?;
         if self.sync_through_file {
             let marker = self.root.join(".bench-sync");
             File::options().write(true).create(true).truncate(false).open(marker)?.sync_all()?;
@@ -439,10 +437,7 @@ impl FileOps for PosixFile {
         use std::os::unix::io::AsRawFd;
         let mode = if keep_size { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
         // SAFETY: the descriptor is open for as long as self.0 lives.
-        let r = unsafe { libc::fallocate(self.0.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        libc_result(unsafe { libc::fallocate(self.0.as_raw_fd(), mode, offset as libc::off_t, len as libc::off_t) })
+            .map(drop)
     }
 }

@@ -54,12 +54,10 @@ pub fn coarse() -> (i64, u32) {
     if let Some(fixed) = fixed_time() {
         return (fixed, 0);
     }
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
-        return precise();
+    match read_coarse() {
+        Some(ts) => (ts.tv_sec, ts.tv_nsec as u32),
+        None => precise(),
     }
-    (ts.tv_sec, ts.tv_nsec as u32)
 }
 
 /// Seconds since the epoch from CLOCK_REALTIME_COARSE (0 if the clock cannot be
@@ -68,12 +66,14 @@ pub fn coarse_seconds() -> u64 {
     if let Some(fixed) = fixed_time() {
         return u64::try_from(fixed).unwrap_or(0);
     }
+    read_coarse().map_or(0, |ts| u64::try_from(ts.tv_sec).unwrap_or(0))
+}
+
+/// CLOCK_REALTIME_COARSE, if it can be read.
+fn read_coarse() -> Option<libc::timespec> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec through a valid pointer.
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec).unwrap_or(0)
+    (unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0).then_some(ts)
 }
 
 #[cfg(test)]

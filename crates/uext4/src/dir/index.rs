@@ -47,6 +47,8 @@ struct DxPath {
 }
 
 impl DxPath {
+    /// The leaf the name belongs in. `dx_path` always starts `frames` with
+    /// the root's, so there is a last frame.
     fn leaf(&self) -> u64 {
         self.frames.last().expect("an htree has a root frame").leaf()
     }
@@ -163,8 +165,9 @@ impl Filesystem {
         ino: u32,
         ft: u8,
     ) -> Result<Inode> {
-        let DxPath { root_version, hash, levels, mut frames } = self.dx_path(dir, &inode, name)?;
-        let leaf = frames.last().expect("an htree has a root frame").leaf();
+        let path = self.dx_path(dir, &inode, name)?;
+        let leaf = path.leaf();
+        let DxPath { root_version, hash, levels, mut frames } = path;
         if self.insert_in_block(tx, dir, &inode, leaf, name, ino, ft)? {
             return Ok(inode);
         }
