@@ -39,25 +39,44 @@ pub(crate) fn host_error(path: &Path, e: std::io::Error) -> Error {
 /// Extended attributes of a host path, without following a symlink.
 fn host_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
     let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return Vec::new() };
-    let mut names = vec![0u8; 65536];
     // SAFETY: valid NUL-terminated path and a buffer of the given length.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr() as *mut libc::c_char, names.len()) };
-    if n <= 0 {
+    let Some(names) = sized_read(|buf| unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })
+    else {
         return Vec::new();
-    }
+    };
     let mut out = Vec::new();
-    for name in names[..n as usize].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
         let Ok(cn) = CString::new(name) else { continue };
-        let mut value = vec![0u8; 65536];
         // SAFETY: as above.
-        let len =
-            unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), value.as_mut_ptr() as *mut libc::c_void, value.len()) };
-        if len >= 0 {
-            value.truncate(len as usize);
+        let value =
+            sized_read(|buf| unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) });
+        if let Some(value) = value {
             out.push((name.to_vec(), value));
         }
     }
     out
+}
+
+/// The bytes a list/get-xattr style call returns: asked for their size first
+/// (most files have no attributes, and zeroing 64 KiB for each of a hundred
+/// thousand files cost a tenth of a copy's time), then read, again if they grew
+/// in between. None when the call fails (no such attribute, none supported).
+fn sized_read(call: impl Fn(&mut [u8]) -> isize) -> Option<Vec<u8>> {
+    loop {
+        let size = call(&mut []);
+        if size <= 0 {
+            return (size == 0).then(Vec::new);
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = call(&mut buf);
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return Some(buf);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) {
+            return None;
+        }
+    }
 }
 
 /// A host file's atime and mtime for its copy. With a fixed time
@@ -135,6 +154,11 @@ impl Importer<'_> {
     /// Copies host `src` to `name` in image directory `parent`.
     pub(crate) fn copy(&mut self, src: &Path, parent: u32, name: &[u8]) -> Result<()> {
         let md = std::fs::symlink_metadata(src).map_err(|e| host_error(src, e))?;
+        self.copy_with(src, &md, parent, name)
+    }
+
+    /// `copy` of a host path whose `lstat` the caller already has.
+    pub(crate) fn copy_with(&mut self, src: &Path, md: &std::fs::Metadata, parent: u32, name: &[u8]) -> Result<()> {
         let owner = Owner { uid: md.uid(), gid: md.gid() };
         let perm = (md.mode() & 0o7777) as u16;
         let ft = md.file_type();
@@ -188,7 +212,7 @@ impl Importer<'_> {
         if !ft.is_dir() && md.nlink() > 1 {
             self.links.insert(key, ino);
         }
-        self.finish(src, &md, ino)
+        self.finish(src, md, ino)
     }
 
     /// A copied node's extended attributes, permission bits and times (after a

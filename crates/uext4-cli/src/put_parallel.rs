@@ -1,120 +1,252 @@
 //! `uext4 cp -r -j N HOSTDIR IMAGE:/path`: copying a host tree in with N threads,
 //! so populating an image gets what pdirops allows (issue 16).
 //!
-//! Three steps, each leaving what `-j 1` (`cmd_put::Importer::copy`) leaves:
-//! 1. every directory is made, parents first, in the order the serial copy
-//!    makes them (one thread: they are few, and each child needs its parent);
-//! 2. every other node — files with their data, symlinks, devices, fifos — is
-//!    copied by N threads taking work from one list; the names of one
-//!    multiply-linked host inode form one piece of work, so its first name is
-//!    made before the others are linked to it;
-//! 3. the directories' attributes and times, deepest first, once nothing is
-//!    written into them any more.
+//! The calling thread walks the host tree and makes every directory, parents
+//! first, in the order the serial copy (`cmd_put::Importer::copy`) makes them;
+//! as soon as a directory is made, its other names (files with their data,
+//! symlinks, devices, fifos) go to N copying threads in batches of at most
+//! `BATCH` names. The copiers start with the walk, not after it, so the walk's
+//! directory reads and `lstat`s overlap the copying, and each name's metadata
+//! from the walk is passed on rather than read again.
+//!
+//! A copier takes a batch of a directory no other copier is working in when
+//! the queue holds one: while a new directory is linear its changes take its
+//! lock exclusively, and two copiers filling one such directory would take
+//! turns. A tree with one huge directory still gets all copiers in it (it is
+//! indexed after its first block, and then pdirops lets them go side by side).
+//!
+//! Names of a multiply-linked host inode are left to the end and made by the
+//! calling thread, in walk order, the first one copied and the others linked
+//! to it, as the serial copy does. Last, the directories' attributes and
+//! times, deepest first, once nothing is written into them any more.
 //!
 //! Names, content and metadata come out equal to the serial copy's; inode
 //! numbers (and so the directories' hash-ordered blocks) may differ. The first
-//! error stops every thread and is the one reported.
+//! error stops the walk and every copier and is the one reported.
 
 use crate::cmd_put::{host_children, host_error, Importer};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::fs::Metadata;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use uext4::{Error, Filesystem, Owner, Result};
 
-/// One name to make: the host path, and where in the image.
+/// Names per batch: small enough that a directory of a thousand names is
+/// shared out, large enough that taking a batch costs nothing beside copying it.
+const BATCH: usize = 128;
+/// How far into the queue a copier looks for a directory nobody works in.
+const SCAN: usize = 64;
+/// Batches the walk may get ahead of the copiers by: it is much faster than
+/// they are, and the queue's memory stays bounded for any tree (about 200
+/// bytes a name, so a few tens of MiB).
+const MAX_QUEUED: usize = 1024;
+
+/// One name to make: the host path and its metadata, and where in the image.
 struct Node {
     src: PathBuf,
+    md: Metadata,
     parent: u32,
     name: Vec<u8>,
 }
 
+/// Names of one image directory, in the serial copy's order.
+struct Batch {
+    dir: u32,
+    nodes: Vec<Node>,
+}
+
+struct Queue {
+    batches: VecDeque<Batch>,
+    /// Directories copiers are working in now (one entry per copier).
+    busy: Vec<u32>,
+    /// The walk has put in everything it will.
+    walked: bool,
+}
+
+/// What the walk and the copiers share.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when a batch is queued, the walk ends or a copy fails.
+    more: Condvar,
+    /// Signalled when a copier takes a batch or a copy fails.
+    room: Condvar,
+    failed: AtomicBool,
+    first_error: Mutex<Option<Error>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn fail(&self, e: Error) {
+        self.failed.store(true, Ordering::Relaxed);
+        locked(&self.first_error).get_or_insert(e);
+        // Taken so that no waiter checks `failed` and sleeps after this wakes it.
+        drop(locked(&self.queue));
+        self.more.notify_all();
+        self.room.notify_all();
+    }
+
+    /// Queues `batch`, first waiting while the queue is full (unless a copy failed).
+    fn put(&self, batch: Batch) {
+        let mut q = locked(&self.queue);
+        while q.batches.len() >= MAX_QUEUED && !self.failed.load(Ordering::Relaxed) {
+            q = self.room.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        q.batches.push_back(batch);
+        drop(q);
+        self.more.notify_one();
+    }
+
+    fn walk_done(&self) {
+        locked(&self.queue).walked = true;
+        self.more.notify_all();
+    }
+
+    /// The next batch, from a directory nobody works in if the queue's first
+    /// `SCAN` hold one; None once the walk is over and the queue empty, or
+    /// after a failure.
+    fn take(&self) -> Option<Batch> {
+        let mut q = locked(&self.queue);
+        loop {
+            if self.failed.load(Ordering::Relaxed) {
+                return None;
+            }
+            let free = q.batches.iter().take(SCAN).position(|b| !q.busy.contains(&b.dir));
+            if let Some(batch) = q.batches.remove(free.unwrap_or(0)) {
+                q.busy.push(batch.dir);
+                drop(q);
+                self.room.notify_one();
+                return Some(batch);
+            }
+            if q.walked {
+                return None;
+            }
+            q = self.more.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn done_with(&self, dir: u32) {
+        let mut q = locked(&self.queue);
+        if let Some(i) = q.busy.iter().position(|&d| d == dir) {
+            q.busy.swap_remove(i);
+        }
+    }
+}
+
+fn importer(fs: &Filesystem) -> Importer<'_> {
+    Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None, buf: Vec::new() }
+}
+
 /// Copies host directory `src` to `name` in image directory `parent` with
-/// `jobs` threads; returns the files and bytes copied.
+/// `jobs` copying threads; returns the files and bytes copied.
 ///
 /// # Errors
-/// The first error any thread met (host I/O, the image's refusals).
+/// The first error the walk or any copier met (host I/O, the image's refusals).
 pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: usize) -> Result<(u64, u64)> {
     // SAFETY: geteuid and getegid have no preconditions.
     let caller = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
-    let mut serial =
-        Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None, buf: Vec::new() };
-
-    // 1. Directories, parents first; the other names collected as work.
-    let mut dirs: Vec<(PathBuf, std::fs::Metadata, u32)> = Vec::new();
-    let mut work: Vec<Vec<Node>> = Vec::new();
-    let mut linked: HashMap<(u64, u64), usize> = HashMap::new();
-    let mut pending = vec![Node { src: src.to_path_buf(), parent, name: name.to_vec() }];
-    while let Some(node) = pending.pop() {
-        let md = std::fs::symlink_metadata(&node.src).map_err(|e| host_error(&node.src, e))?;
-        if !md.is_dir() {
-            if md.nlink() > 1 {
-                let key = (md.dev(), md.ino());
-                match linked.get(&key) {
-                    Some(&i) => work[i].push(node),
-                    None => {
-                        linked.insert(key, work.len());
-                        work.push(vec![node]);
-                    }
-                }
-            } else {
-                work.push(vec![node]);
-            }
-            continue;
-        }
-        let owner = Owner { uid: md.uid(), gid: md.gid() };
-        let ino = fs.mkdir(node.parent, &node.name, (md.mode() & 0o7777) as u16, owner)?.ino;
-        // Reversed onto the stack, so children come off it in the serial order.
-        for child in host_children(&node.src)?.into_iter().rev() {
-            pending.push(Node { src: node.src.join(&child), parent: ino, name: child.as_bytes().to_vec() });
-        }
-        dirs.push((node.src, md, ino));
-    }
-
-    // 2. Everything else, on `jobs` threads.
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let first_error: Mutex<Option<Error>> = Mutex::new(None);
-    let totals = Mutex::new((0u64, 0u64));
-    std::thread::scope(|s| {
-        for _ in 0..jobs.max(1) {
-            s.spawn(|| {
-                let _caller = fs.acting_as(caller);
-                let mut im = Importer {
-                    fs,
-                    recursive: true,
-                    links: HashMap::new(),
-                    files: 0,
-                    bytes: 0,
-                    progress: None,
-                    buf: Vec::new(),
-                };
-                while !failed.load(Ordering::Relaxed) {
-                    let Some(names) = work.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
-                    for n in names {
-                        if let Err(e) = im.copy(&n.src, n.parent, &n.name) {
-                            failed.store(true, Ordering::Relaxed);
-                            first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                            break;
+    let shared = Shared {
+        queue: Mutex::new(Queue { batches: VecDeque::new(), busy: Vec::new(), walked: false }),
+        more: Condvar::new(),
+        room: Condvar::new(),
+        failed: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+    };
+    let mut serial = importer(fs);
+    let mut dirs: Vec<(PathBuf, Metadata, u32)> = Vec::new();
+    let mut linked: Vec<Node> = Vec::new();
+    let totals = std::thread::scope(|s| {
+        let copiers: Vec<_> = (0..jobs.max(1))
+            .map(|_| {
+                let shared = &shared;
+                s.spawn(move || {
+                    let _caller = fs.acting_as(caller);
+                    let mut im = importer(fs);
+                    while let Some(batch) = shared.take() {
+                        for n in &batch.nodes {
+                            if shared.failed.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            if let Err(e) = im.copy_with(&n.src, &n.md, n.parent, &n.name) {
+                                shared.fail(e);
+                                break;
+                            }
                         }
+                        shared.done_with(batch.dir);
                     }
-                }
-                let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
-                t.0 += im.files;
-                t.1 += im.bytes;
-            });
+                    (im.files, im.bytes)
+                })
+            })
+            .collect();
+        if let Err(e) = walk(fs, &shared, src, parent, name, &mut dirs, &mut linked) {
+            shared.fail(e);
         }
+        shared.walk_done();
+        copiers.into_iter().fold((0, 0), |(f, b), c| {
+            let (files, bytes) = c.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (f + files, b + bytes)
+        })
     });
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    if let Some(e) = shared.first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
-
-    // 3. Directory attributes and times, deepest first.
+    for n in &linked {
+        serial.copy_with(&n.src, &n.md, n.parent, &n.name)?;
+    }
     for (path, md, ino) in dirs.iter().rev() {
         serial.finish(path, md, *ino)?;
     }
-    let (files, bytes) = totals.into_inner().unwrap_or_else(|p| p.into_inner());
-    Ok((files + serial.files, bytes))
+    Ok((totals.0 + serial.files, totals.1 + serial.bytes))
+}
+
+/// Makes every directory of the tree at `src`, parents first, and hands the
+/// other names to the copiers as each directory is made; names of multiply
+/// linked inodes go to `linked`, the directories made to `dirs`.
+fn walk(
+    fs: &Filesystem,
+    shared: &Shared,
+    src: &Path,
+    parent: u32,
+    name: &[u8],
+    dirs: &mut Vec<(PathBuf, Metadata, u32)>,
+    linked: &mut Vec<Node>,
+) -> Result<()> {
+    let md = std::fs::symlink_metadata(src).map_err(|e| host_error(src, e))?;
+    let mut pending = vec![Node { src: src.to_path_buf(), md, parent, name: name.to_vec() }];
+    while let Some(dir) = pending.pop() {
+        if shared.failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let owner = Owner { uid: dir.md.uid(), gid: dir.md.gid() };
+        let ino = fs.mkdir(dir.parent, &dir.name, (dir.md.mode() & 0o7777) as u16, owner)?.ino;
+        let mut subdirs = Vec::new();
+        let mut batch = Vec::new();
+        for child in host_children(&dir.src)? {
+            let path = dir.src.join(&child);
+            let md = std::fs::symlink_metadata(&path).map_err(|e| host_error(&path, e))?;
+            let node = Node { src: path, md, parent: ino, name: child.as_bytes().to_vec() };
+            if node.md.is_dir() {
+                subdirs.push(node);
+            } else if node.md.nlink() > 1 {
+                linked.push(node);
+            } else {
+                batch.push(node);
+                if batch.len() == BATCH {
+                    shared.put(Batch { dir: ino, nodes: std::mem::take(&mut batch) });
+                }
+            }
+        }
+        if !batch.is_empty() {
+            shared.put(Batch { dir: ino, nodes: batch });
+        }
+        // Reversed onto the stack, so they come off it in the serial order.
+        pending.extend(subdirs.into_iter().rev());
+        dirs.push((dir.src, dir.md, ino));
+    }
+    Ok(())
 }

@@ -285,3 +285,53 @@ fn copy_in_with_four_threads_equals_one_thread() {
     assert_eq!(views[0].len(), views[1].len());
     assert!(views[0].iter().any(|l| l.contains("user.note=\"kept\"")), "the xattr was not seen");
 }
+
+/// A parallel copy into an image too small for the tree: the copier that meets
+/// the full image stops the walk and the other copiers, the command fails
+/// naming the cause (not a hang, not a panic), and what was copied before is a
+/// consistent filesystem (e2fsck -fn). A missing source directory inside the
+/// walk stops it the same way.
+#[test]
+fn a_parallel_copy_that_fills_the_image_stops_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tree");
+    for d in 0..6 {
+        let sub = src.join(format!("d{d}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for i in 0..150 {
+            std::fs::write(sub.join(format!("f{i:03}")), vec![(i % 251) as u8 + 1; 40_000]).unwrap();
+        }
+    }
+    let image = dir.path().join("small.img");
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("16M"));
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    let mut child = Command::new(bin)
+        .args(["cp", "-r", "-j", "2"])
+        .arg(&src)
+        .arg(format!("{}:/", image.display()))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("cp -r -j 2 into a full image did not end in 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "a 36 MB tree copied into a 16 MB image");
+    assert!(err.contains("full") || err.contains("No space"), "unclear message: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
+    assert!(
+        fsck.lines()
+            .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
+        "{fsck}"
+    );
+}
