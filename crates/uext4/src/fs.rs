@@ -24,7 +24,6 @@ use crate::format::superblock::*;
 use crate::journal::handle::Handle;
 use crate::volume::{ErrorState, Volume};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -164,7 +163,7 @@ pub struct Filesystem {
     pub(crate) dir_ireserve: crate::alloc::DirReserve,
     pub(crate) hash_goal: bool,
     /// Open handles per inode: an unlinked inode lives until its last close.
-    pub(crate) open_files: Mutex<HashMap<u32, u32>>,
+    pub(crate) open_files: crate::number_map::ShardedMap<u32>,
     /// The orphan chain and orphan file as recorded on disk (ns/orphan.rs).
     pub(crate) orphans: Mutex<crate::ns::orphan::Orphans>,
     /// The rename lock (lock order level 1): only cross-directory renames take it.
@@ -176,7 +175,7 @@ pub struct Filesystem {
     pub(crate) inline_on: bool,
     /// New regular files never written yet: the kernel's EXT4_STATE_MAY_INLINE_DATA,
     /// which lets a first write that fits make the file inline (inline/file.rs).
-    pub(crate) may_inline: Mutex<std::collections::HashSet<u32>>,
+    pub(crate) may_inline: crate::number_map::ShardedMap<()>,
     /// Directory locks (level 2a), by directory inode: shared by pdirops changes
     /// in an indexed directory, exclusive for every other change of its names.
     pub(crate) dir_locks: crate::locks::RwLockTable,
@@ -421,13 +420,13 @@ impl Filesystem {
             cache_mb: opts.cache_mb,
             dir_ireserve: opts.dir_ireserve,
             hash_goal: opts.hash_goal,
-            open_files: Mutex::new(HashMap::new()),
+            open_files: Default::default(),
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
             pdirops: opts.pdirops,
             inline_data: opts.inline_data,
             inline_on,
-            may_inline: Mutex::new(std::collections::HashSet::new()),
+            may_inline: Default::default(),
             dir_locks: crate::locks::RwLockTable::default(),
             name_locks: crate::locks::RwLockTable::default(),
             inode_locks: crate::locks::RwLockTable::default(),

@@ -31,6 +31,36 @@ pub(crate) fn shard_of(key: u64, shards: usize) -> usize {
     (key.wrapping_mul(GOLDEN) >> (64 - shards.trailing_zeros())) as usize
 }
 
+/// A map by inode number in mutex-guarded shards, each on cache lines of its
+/// own: for the per-inode notes that operations on different inodes would
+/// otherwise meet on one mutex for (open counts, inodes that may turn inline,
+/// the transaction that last changed an inode).
+pub(crate) struct ShardedMap<V> {
+    shards: Vec<crate::padded::CachePadded<parking_lot::Mutex<NumberMap<u32, V>>>>,
+}
+
+impl<V> ShardedMap<V> {
+    const SHARDS: usize = 16;
+
+    /// The shard holding `ino`, locked.
+    pub(crate) fn shard(&self, ino: u32) -> parking_lot::MutexGuard<'_, NumberMap<u32, V>> {
+        self.shards[shard_of(ino as u64, Self::SHARDS)].lock()
+    }
+
+    /// Every shard in turn, each locked while `f` runs on it.
+    pub(crate) fn for_each_shard(&self, mut f: impl FnMut(&mut NumberMap<u32, V>)) {
+        for shard in &self.shards {
+            f(&mut shard.lock());
+        }
+    }
+}
+
+impl<V> Default for ShardedMap<V> {
+    fn default() -> ShardedMap<V> {
+        ShardedMap { shards: (0..Self::SHARDS).map(|_| Default::default()).collect() }
+    }
+}
+
 /// See the module comment.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NumberHasher(u64);

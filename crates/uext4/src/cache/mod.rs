@@ -307,8 +307,18 @@ impl BufferCache {
     /// Marks the buffer dirty, putting it on the dirty list if it was clean;
     /// returns whether it was clean before.
     pub fn mark_dirty(&self, buf: &Arc<Buffer>) -> bool {
-        // A block we wrote ourselves carries checksums we computed.
-        buf.verified.store(true, Ordering::Release);
+        // A block we wrote ourselves carries checksums we computed. Both flags
+        // are read before they are written: threads changing one block (a
+        // group's bitmap and descriptors, a shared inode-table block) mark it
+        // dirty again and again, and a write would take the line from the others.
+        // A buffer seen dirty is on the dirty list, and what clears the flag
+        // (a commit, a write-back) reads the contents after clearing it.
+        if !buf.verified.load(Ordering::Relaxed) {
+            buf.verified.store(true, Ordering::Release);
+        }
+        if buf.dirty.load(Ordering::Acquire) {
+            return false;
+        }
         let was_clean = !buf.dirty.swap(true, Ordering::AcqRel);
         if was_clean {
             self.dirty.lock().push(buf.clone());

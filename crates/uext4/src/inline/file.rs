@@ -20,14 +20,14 @@ impl Filesystem {
     /// A new regular file may become inline at its first write.
     pub(crate) fn may_inline_mark(&self, ino: u32) {
         if self.inline_on {
-            self.may_inline.lock().insert(ino);
+            self.may_inline.shard(ino).insert(ino, ());
         }
     }
 
     /// The file will not become inline (written, converted, released).
     pub(crate) fn may_inline_forget(&self, ino: u32) {
         if self.inline_on {
-            self.may_inline.lock().remove(&ino);
+            self.may_inline.shard(ino).remove(&ino);
         }
     }
 
@@ -41,7 +41,7 @@ impl Filesystem {
             if data.is_empty() {
                 return Ok(false);
             }
-            let first_write = self.inline_on && self.may_inline.lock().remove(&ino);
+            let first_write = self.inline_on && self.may_inline.shard(ino).remove(&ino).is_some();
             // Blocks already (fallocate with KEEP_SIZE) or an xattr block: the
             // first write goes to blocks. A size set by a truncate before the first
             // write does not stop it, as in the kernel (i_size may then stay past

@@ -48,7 +48,7 @@ use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Result};
 use crate::format::journal::*;
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,8 +93,14 @@ pub(crate) struct Journal {
     running_since: AtomicU64,
     epoch: Instant,
     handle_waits: AtomicU64,
-    /// The last transaction that changed each inode (for fsync).
-    inode_tids: Mutex<HashMap<u32, u64>>,
+    /// The last transaction that changed each inode (for fsync), in shards by
+    /// inode number: every change of an inode notes it here.
+    inode_tids: crate::number_map::ShardedMap<u64>,
+    /// `TxState::running`, readable without the state lock by a handle that holds
+    /// the gate (the running transaction changes only under the gate's write hold).
+    running_tid: AtomicU64,
+    /// Set with `TxState::aborted` (read without the state lock by `join`).
+    aborted_flag: std::sync::atomic::AtomicBool,
     limits: Limits,
     commit_interval: Duration,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -305,7 +311,9 @@ impl Journal {
             running_since: AtomicU64::new(0),
             epoch: Instant::now(),
             handle_waits: AtomicU64::new(0),
-            inode_tids: Mutex::new(HashMap::new()),
+            inode_tids: Default::default(),
+            running_tid: AtomicU64::new(1),
+            aborted_flag: std::sync::atomic::AtomicBool::new(false),
             limits,
             commit_interval,
             thread: Mutex::new(None),
@@ -344,7 +352,11 @@ impl Journal {
     /// handle boundaries and keeps the cache's dirty buffers bounded).
     pub(crate) fn join(&self, credits: u32) -> Result<Joined<'_>> {
         let nested = HANDLES_HELD.with(|h| h.get()) > 0;
-        if !nested {
+        // Every change of every thread starts here: with room in the running
+        // transaction and no abort, no lock but the gate is taken.
+        let dirty = self.cache.dirty_count();
+        let room = dirty == 0 || dirty + credits as usize <= self.limits.hard_blocks;
+        if !nested && (!room || self.aborted_flag.load(Ordering::Acquire)) {
             let mut waited = false;
             let mut st = self.state.lock();
             loop {
@@ -370,7 +382,8 @@ impl Journal {
         // Not `read_recursive` outside a handle: a closing commit waiting for the
         // gate goes first, so a stream of handles cannot starve it.
         let gate = if nested { self.gate.read_recursive() } else { self.gate.read() };
-        let tid = self.state.lock().running;
+        // Stable while the gate is held: it moves only under the gate's write hold.
+        let tid = self.running_tid.load(Ordering::Acquire);
         Ok(Joined { tid, _gate: gate })
     }
 
@@ -388,12 +401,12 @@ impl Journal {
 
     /// `ino` changed in transaction `tid`.
     pub(crate) fn note_inode(&self, ino: u32, tid: u64) {
-        self.inode_tids.lock().insert(ino, tid);
+        self.inode_tids.shard(ino).insert(ino, tid);
     }
 
     /// The transaction that last changed `ino`, if it may not have committed yet.
     pub(crate) fn inode_tid(&self, ino: u32) -> Option<u64> {
-        let tid = *self.inode_tids.lock().get(&ino)?;
+        let tid = *self.inode_tids.shard(ino).get(&ino)?;
         (tid > self.state.lock().committed).then_some(tid)
     }
 
@@ -495,6 +508,7 @@ impl Journal {
         // waiter hangs on a journal that will never commit again.
         let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.owner.aborted(why)));
         self.state.lock().aborted = Some(why.to_string());
+        self.aborted_flag.store(true, Ordering::Release);
         self.changed.notify_all();
         self.wake.notify_all();
         if let Err(panic) = recorded {
@@ -615,6 +629,7 @@ impl Journal {
             }
             let tid = st.running;
             st.running += 1;
+            self.running_tid.store(st.running, Ordering::Release);
             self.running_since.store(0, Ordering::Relaxed);
             let copies = self.cache.take_dirty();
             let revokes = std::mem::take(&mut st.revokes);
@@ -643,11 +658,11 @@ impl Journal {
                 st.committed = tid;
                 st.log_used = log.used();
                 st.pinned = log.checkpoint.len();
-                let mut tids = self.inode_tids.lock();
-                if tids.len() > 4096 {
-                    tids.retain(|_, t| *t > tid);
-                }
-                drop(tids);
+                self.inode_tids.for_each_shard(|tids| {
+                    if tids.len() > 256 {
+                        tids.retain(|_, t| *t > tid);
+                    }
+                });
                 drop(st);
                 self.changed.notify_all();
                 Ok(())

@@ -103,7 +103,7 @@ impl Filesystem {
     pub fn open_inode(&self, ino: u32) -> Result<()> {
         let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
-        let mut open = self.open_files.lock();
+        let mut open = self.open_files.shard(ino);
         if inode.i_links_count == 0 && !open.contains_key(&ino) {
             return Err(Error::NotFound(format!("inode {ino} was unlinked")));
         }
@@ -119,7 +119,7 @@ impl Filesystem {
     pub fn close_inode(&self, ino: u32) -> Result<()> {
         let _lock = self.inode_locks.write(ino as u64);
         {
-            let mut open = self.open_files.lock();
+            let mut open = self.open_files.shard(ino);
             let Some(n) = open.get_mut(&ino) else {
                 return Err(Error::Invalid(format!("inode {ino} is not open")));
             };
@@ -141,7 +141,7 @@ impl Filesystem {
     }
 
     pub(crate) fn is_open(&self, ino: u32) -> bool {
-        self.open_files.lock().contains_key(&ino)
+        self.open_files.shard(ino).contains_key(&ino)
     }
 
     /// Copies the in-memory superblock `sb` into its cached block under `tx`, so the
