@@ -151,6 +151,16 @@ impl Target {
                 tunables.push((k.to_string(), v.to_string()));
                 continue;
             }
+            if k == THREADS {
+                if kind != TargetKind::Uext4Fuse {
+                    return Err(format!("target {name}: {k} is an option of the /dev/fuse mount (uext4-fuse)"));
+                }
+                if !v.parse::<u32>().is_ok_and(|n| (1..=64).contains(&n)) {
+                    return Err(format!("target {name}: {k}={v}: want a number of worker threads from 1 to 64"));
+                }
+                tunables.push((k.to_string(), v.to_string()));
+                continue;
+            }
             uext4::Options::default().set(k, v).map_err(|e| format!("target {name}: {e}"))?;
             tunables.push((k.to_string(), v.to_string()));
         }
@@ -243,6 +253,9 @@ impl Target {
 /// The mount option of uext4's mounts (not the library's) that a target may
 /// set: `uext4-fuse-uring:writeback_cache=on`.
 const WRITEBACK_CACHE: &str = "writeback_cache";
+
+/// The /dev/fuse mount's worker threads: `uext4-fuse:threads=2`.
+const THREADS: &str = "threads";
 
 /// The tunable every target takes: features for the image's mkfs.ext4 -O
 /// (`kernel:features=^inline_data`, `uext4:features=inline_data+^metadata_csum`).
@@ -696,6 +709,9 @@ mod tests {
         assert!(!uext4.is_base());
         assert_eq!(Target::parse("uext4").unwrap().mkfs_features(), None);
         assert!(Target::parse("uext4-fuse-uring:writeback_cache=on").is_ok());
+        assert!(Target::parse("uext4-fuse:threads=2").is_ok());
+        assert!(Target::parse("uext4-fuse-uring:threads=2").is_err());
+        assert!(Target::parse("uext4-fuse:threads=0").is_err());
         for bad in [
             "kernel:features=",
             "kernel:features=in,line",
