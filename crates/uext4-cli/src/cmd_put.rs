@@ -60,9 +60,13 @@ fn host_xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// The bytes a list/get-xattr style call returns: asked for their size first
 /// (most files have no attributes, and zeroing 64 KiB for each of a hundred
 /// thousand files cost a tenth of a copy's time), then read, again if they grew
-/// in between. None when the call fails (no such attribute, none supported).
+/// in between; after a few such races, once into the largest buffer an
+/// attribute list or value can need (XATTR_SIZE_MAX). None when the call fails
+/// (no such attribute, none supported).
 fn sized_read(call: impl Fn(&mut [u8]) -> isize) -> Option<Vec<u8>> {
-    loop {
+    const XATTR_SIZE_MAX: usize = 65536;
+    const RACES: usize = 4;
+    for _ in 0..RACES {
         let size = call(&mut []);
         if size <= 0 {
             return (size == 0).then(Vec::new);
@@ -77,6 +81,12 @@ fn sized_read(call: impl Fn(&mut [u8]) -> isize) -> Option<Vec<u8>> {
             return None;
         }
     }
+    let mut buf = vec![0u8; XATTR_SIZE_MAX];
+    let n = call(&mut buf);
+    (n >= 0).then(|| {
+        buf.truncate(n as usize);
+        buf
+    })
 }
 
 /// A host file's atime and mtime for its copy. With a fixed time

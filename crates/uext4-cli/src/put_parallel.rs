@@ -17,8 +17,9 @@
 //!
 //! Names of a multiply-linked host inode are left to the end and made by the
 //! calling thread, in walk order, the first one copied and the others linked
-//! to it, as the serial copy does. Last, the directories' attributes and
-//! times, deepest first, once nothing is written into them any more.
+//! to it (which name comes first may differ from the serial copy's depth-first
+//! order; the names, content and links do not). Last, the directories'
+//! attributes and times, deepest first, once nothing is written into them.
 //!
 //! Names, content and metadata come out equal to the serial copy's; inode
 //! numbers (and so the directories' hash-ordered blocks) may differ. The first
@@ -82,9 +83,24 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    fn new() -> Shared {
+        Shared {
+            queue: Mutex::new(Queue { batches: VecDeque::new(), busy: Vec::new(), walked: false }),
+            more: Condvar::new(),
+            room: Condvar::new(),
+            failed: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+        }
+    }
+
     fn fail(&self, e: Error) {
-        self.failed.store(true, Ordering::Relaxed);
         locked(&self.first_error).get_or_insert(e);
+        self.stop();
+    }
+
+    /// Stops the walk and every copier, waking any that wait.
+    fn stop(&self) {
+        self.failed.store(true, Ordering::Relaxed);
         // Taken so that no waiter checks `failed` and sleeps after this wakes it.
         drop(locked(&self.queue));
         self.more.notify_all();
@@ -138,6 +154,26 @@ impl Shared {
     }
 }
 
+/// Held by the walk and by each copier: one that ends by a panic (an image with
+/// errors=panic does that on purpose) stops the others, who would otherwise wait
+/// for batches or for room forever while the scope waits for them. The walk's
+/// end, however it comes, also tells the copiers no more batches will come.
+struct Ends<'a> {
+    shared: &'a Shared,
+    walk: bool,
+}
+
+impl Drop for Ends<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.stop();
+        }
+        if self.walk {
+            self.shared.walk_done();
+        }
+    }
+}
+
 fn importer(fs: &Filesystem) -> Importer<'_> {
     Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None, buf: Vec::new() }
 }
@@ -150,13 +186,7 @@ fn importer(fs: &Filesystem) -> Importer<'_> {
 pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: usize) -> Result<(u64, u64)> {
     // SAFETY: geteuid and getegid have no preconditions.
     let caller = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
-    let shared = Shared {
-        queue: Mutex::new(Queue { batches: VecDeque::new(), busy: Vec::new(), walked: false }),
-        more: Condvar::new(),
-        room: Condvar::new(),
-        failed: AtomicBool::new(false),
-        first_error: Mutex::new(None),
-    };
+    let shared = Shared::new();
     let mut serial = importer(fs);
     let mut dirs: Vec<(PathBuf, Metadata, u32)> = Vec::new();
     let mut linked: Vec<Node> = Vec::new();
@@ -165,6 +195,7 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
             .map(|_| {
                 let shared = &shared;
                 s.spawn(move || {
+                    let _ends = Ends { shared, walk: false };
                     let _caller = fs.acting_as(caller);
                     let mut im = importer(fs);
                     while let Some(batch) = shared.take() {
@@ -183,10 +214,11 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
                 })
             })
             .collect();
+        let walk_ends = Ends { shared: &shared, walk: true };
         if let Err(e) = walk(fs, &shared, src, parent, name, &mut dirs, &mut linked) {
             shared.fail(e);
         }
-        shared.walk_done();
+        drop(walk_ends);
         copiers.into_iter().fold((0, 0), |(f, b), c| {
             let (files, bytes) = c.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             (f + files, b + bytes)
@@ -249,4 +281,61 @@ fn walk(
         dirs.push((dir.src, dir.md, ino));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Runs `scenario` on a thread of its own; fails if it has not ended in 10 s.
+    fn ends_within_seconds(scenario: impl FnOnce() + Send + 'static) {
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(scenario)).is_err();
+            let _ = done.send(panicked);
+        });
+        let panicked = ended.recv_timeout(Duration::from_secs(10)).expect("the copy hung");
+        assert!(panicked, "the panic was not passed on");
+    }
+
+    #[test]
+    fn a_walk_that_panics_wakes_the_copiers_waiting_for_batches() {
+        ends_within_seconds(|| {
+            let shared = Shared::new();
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        let _ends = Ends { shared: &shared, walk: false };
+                        assert!(shared.take().is_none());
+                    });
+                }
+                let _walk = Ends { shared: &shared, walk: true };
+                std::thread::sleep(Duration::from_millis(50));
+                panic!("the walk panics (errors=panic)");
+            });
+        });
+    }
+
+    #[test]
+    fn copiers_that_panic_wake_a_walk_waiting_for_room() {
+        ends_within_seconds(|| {
+            let shared = Shared::new();
+            let batch = || Batch { dir: 2, nodes: Vec::new() };
+            for _ in 0..MAX_QUEUED {
+                shared.put(batch());
+            }
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let _ends = Ends { shared: &shared, walk: false };
+                    std::thread::sleep(Duration::from_millis(50));
+                    panic!("a copier panics");
+                });
+                let _walk = Ends { shared: &shared, walk: true };
+                // Full: waits for room until the copier's end stops the copy.
+                shared.put(batch());
+                assert!(shared.failed.load(Ordering::Relaxed));
+            });
+        });
+    }
 }
