@@ -576,14 +576,22 @@ pub fn e2fsck_problems(image: &[u8]) -> BTreeSet<String> {
 }
 
 /// As `e2fsck_problems`, or None when e2fsck takes more than `secs` seconds (with
-/// -n it cannot repair, and on a few corpus images it then never ends).
+/// -n it cannot repair, and on a few corpus images it then never ends). Such an
+/// e2fsck may also ignore the SIGTERM `timeout` sends (a CI run waited on one for
+/// twelve minutes): it is killed 5 s later.
 pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String>> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("check.img");
     std::fs::write(&path, image).unwrap();
-    let out =
-        Command::new("timeout").arg(secs.to_string()).args(["e2fsck", "-fn"]).arg(&path).output().expect("run e2fsck");
-    if out.status.code() == Some(124) {
+    let out = Command::new("timeout")
+        .args(["-k", "5"])
+        .arg(secs.to_string())
+        .args(["e2fsck", "-fn"])
+        .arg(&path)
+        .output()
+        .expect("run e2fsck");
+    // 124: ended by SIGTERM at the limit; 137: killed after ignoring it.
+    if matches!(out.status.code(), Some(124) | Some(137)) {
         return None;
     }
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
