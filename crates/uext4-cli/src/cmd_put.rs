@@ -114,15 +114,7 @@ pub fn populate(fs: &Filesystem, src: &Path) -> Result<()> {
     if !md.is_dir() {
         return Err(Error::NotADirectory(format!("{} (mkfs -d wants a directory)", src.display())));
     }
-    let mut im = Importer {
-        fs,
-        recursive: true,
-        links: HashMap::new(),
-        files: 0,
-        bytes: 0,
-        progress: std::io::stderr().is_terminal().then(Instant::now),
-        buf: Vec::new(),
-    };
+    let mut im = Importer::new(fs, true);
     let mut entries: Vec<_> = std::fs::read_dir(src)
         .map_err(|e| host_error(src, e))?
         .map(|e| e.map(|e| e.file_name()))
@@ -149,7 +141,25 @@ pub fn populate(fs: &Filesystem, src: &Path) -> Result<()> {
     Ok(())
 }
 
-impl Importer<'_> {
+impl<'a> Importer<'a> {
+    /// An importer that shows its progress when stderr is a terminal.
+    pub(crate) fn new(fs: &'a Filesystem, recursive: bool) -> Importer<'a> {
+        Importer {
+            fs,
+            recursive,
+            links: HashMap::new(),
+            files: 0,
+            bytes: 0,
+            progress: std::io::stderr().is_terminal().then(Instant::now),
+            buf: Vec::new(),
+        }
+    }
+
+    /// One without progress (the parallel copy's threads: the caller reports).
+    pub(crate) fn quiet(fs: &'a Filesystem) -> Importer<'a> {
+        Importer { progress: None, ..Importer::new(fs, true) }
+    }
+
     fn tick(&mut self) {
         self.files += 1;
         if let Some(last) = self.progress.as_mut() {
@@ -416,15 +426,7 @@ fn copy_in_pass(
     // blocks), not those of the files' owners.
     // SAFETY: geteuid and getegid have no preconditions.
     let _caller = fs.acting_as(unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } });
-    let mut im = Importer {
-        fs,
-        recursive,
-        links: HashMap::new(),
-        files: 0,
-        bytes: 0,
-        progress: std::io::stderr().is_terminal().then(Instant::now),
-        buf: Vec::new(),
-    };
+    let mut im = Importer::new(fs, recursive);
     for src in sources {
         let name = match &name {
             Some(n) => n.as_slice(),

@@ -26,7 +26,7 @@
 //! error stops the walk and every copier and is the one reported.
 
 use crate::cmd_put::{host_children, host_error, Importer};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::Metadata;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -174,10 +174,6 @@ impl Drop for Ends<'_> {
     }
 }
 
-fn importer(fs: &Filesystem) -> Importer<'_> {
-    Importer { fs, recursive: true, links: HashMap::new(), files: 0, bytes: 0, progress: None, buf: Vec::new() }
-}
-
 /// Copies host directory `src` to `name` in image directory `parent` with
 /// `jobs` copying threads; returns the files and bytes copied.
 ///
@@ -187,7 +183,7 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
     // SAFETY: geteuid and getegid have no preconditions.
     let caller = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
     let shared = Shared::new();
-    let mut serial = importer(fs);
+    let mut serial = Importer::quiet(fs);
     let mut dirs: Vec<(PathBuf, Metadata, u32)> = Vec::new();
     let mut linked: Vec<Node> = Vec::new();
     let totals = std::thread::scope(|s| {
@@ -197,7 +193,7 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
                 s.spawn(move || {
                     let _ends = Ends { shared, walk: false };
                     let _caller = fs.acting_as(caller);
-                    let mut im = importer(fs);
+                    let mut im = Importer::quiet(fs);
                     while let Some(batch) = shared.take() {
                         for n in &batch.nodes {
                             if shared.failed.load(Ordering::Relaxed) {

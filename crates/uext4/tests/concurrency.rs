@@ -129,6 +129,12 @@ fn a_threads_directory_copy_never_hides_a_finished_change() {
     let published = AtomicI64::new(0);
     let stop = AtomicBool::new(false);
     const BASE: [i64; 2] = [0, 1_000_000_000];
+    // Value 0 (BASE) set before the readers start: until then a directory's mtime
+    // is the time it was made, which no published value describes.
+    for (n, (fs, d)) in filesystems.iter().enumerate() {
+        let t = Timestamp { sec: BASE[n], nsec: 0 };
+        fs.setattr(*d, &uext4::SetAttr { mtime: Some(t), ..Default::default() }).unwrap();
+    }
     std::thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {

@@ -96,8 +96,9 @@ pub(crate) struct Journal {
     /// The last transaction that changed each inode (for fsync), in shards by
     /// inode number: every change of an inode notes it here.
     inode_tids: crate::number_map::ShardedMap<u64>,
-    /// `TxState::running`, readable without the state lock by a handle that holds
-    /// the gate (the running transaction changes only under the gate's write hold).
+    /// The running transaction's id. It moves only under the gate's write hold
+    /// and the state lock, so a handle holding the gate, or anyone holding the
+    /// state lock, reads it without the race a lone atomic would have.
     running_tid: AtomicU64,
     /// Set with `TxState::aborted` (read without the state lock by `join`).
     aborted_flag: std::sync::atomic::AtomicBool,
@@ -119,8 +120,6 @@ struct Limits {
 }
 
 struct TxState {
-    /// The running transaction's id.
-    running: u64,
     /// The last transaction committed (or found empty).
     committed: u64,
     /// The highest transaction someone waits to see committed.
@@ -294,7 +293,6 @@ impl Journal {
             owner,
             gate: RwLock::new(()),
             state: Mutex::new(TxState {
-                running: 1,
                 committed: 0,
                 requested: 0,
                 revokes: BTreeSet::new(),
@@ -354,27 +352,24 @@ impl Journal {
         let nested = HANDLES_HELD.with(|h| h.get()) > 0;
         // Every change of every thread starts here: with room in the running
         // transaction and no abort, no lock but the gate is taken.
-        let dirty = self.cache.dirty_count();
-        let room = dirty == 0 || dirty + credits as usize <= self.limits.hard_blocks;
-        if !nested && (!room || self.aborted_flag.load(Ordering::Acquire)) {
+        if !nested && (!self.has_room(credits) || self.aborted_flag.load(Ordering::Acquire)) {
             let mut waited = false;
             let mut st = self.state.lock();
             loop {
                 if let Some(why) = &st.aborted {
                     return Err(Error::ReadOnly(format!("the journal aborted: {why}")));
                 }
-                let dirty = self.cache.dirty_count();
-                if dirty == 0 || dirty + credits as usize <= self.limits.hard_blocks || st.stop {
+                if self.has_room(credits) || st.stop {
                     break;
                 }
                 if !waited {
                     waited = true;
                     self.handle_waits.fetch_add(1, Ordering::Relaxed);
                 }
-                let tid = st.running;
+                let tid = self.running_tid();
                 st.requested = st.requested.max(tid);
                 self.wake.notify_one();
-                while st.running == tid && st.aborted.is_none() && !st.stop {
+                while self.running_tid() == tid && st.aborted.is_none() && !st.stop {
                     self.changed.wait(&mut st);
                 }
             }
@@ -383,7 +378,7 @@ impl Journal {
         // gate goes first, so a stream of handles cannot starve it.
         let gate = if nested { self.gate.read_recursive() } else { self.gate.read() };
         // Stable while the gate is held: it moves only under the gate's write hold.
-        let tid = self.running_tid.load(Ordering::Acquire);
+        let tid = self.running_tid();
         Ok(Joined { tid, _gate: gate })
     }
 
@@ -399,6 +394,13 @@ impl Journal {
         self.cancel_revoke(buf.block);
     }
 
+    /// Whether a handle of `credits` blocks fits under the running
+    /// transaction's hard limit (an empty one always takes it).
+    fn has_room(&self, credits: u32) -> bool {
+        let dirty = self.cache.dirty_count();
+        dirty == 0 || dirty + credits as usize <= self.limits.hard_blocks
+    }
+
     /// `ino` changed in transaction `tid`.
     pub(crate) fn note_inode(&self, ino: u32, tid: u64) {
         self.inode_tids.shard(ino).insert(ino, tid);
@@ -410,9 +412,9 @@ impl Journal {
         (tid > self.state.lock().committed).then_some(tid)
     }
 
-    /// The running transaction's id.
+    /// The running transaction's id (see the field `running_tid`).
     pub(crate) fn running_tid(&self) -> u64 {
-        self.state.lock().running
+        self.running_tid.load(Ordering::Acquire)
     }
 
     /// Waits until transaction `tid` has committed, asking the journal thread for
@@ -444,7 +446,7 @@ impl Journal {
     /// Asks the journal thread to commit the running transaction, without waiting.
     pub(crate) fn request_commit(&self) {
         let mut st = self.state.lock();
-        st.requested = st.requested.max(st.running);
+        st.requested = st.requested.max(self.running_tid());
         self.wake.notify_one();
     }
 
@@ -590,7 +592,8 @@ impl Journal {
                     let old = since != 0
                         && self.epoch.elapsed().as_millis() as u64 >= since + self.commit_interval.as_millis() as u64;
                     let pending = dirty > 0 || !st.revokes.is_empty();
-                    let commit = st.requested >= st.running || dirty >= self.limits.commit_blocks || (pending && old);
+                    let commit =
+                        st.requested >= self.running_tid() || dirty >= self.limits.commit_blocks || (pending && old);
                     let checkpoint =
                         st.log_used >= self.limits.checkpoint_log_blocks || st.pinned >= self.limits.checkpoint_pinned;
                     (commit, checkpoint)
@@ -627,9 +630,8 @@ impl Journal {
             if st.aborting {
                 return Ok(());
             }
-            let tid = st.running;
-            st.running += 1;
-            self.running_tid.store(st.running, Ordering::Release);
+            let tid = self.running_tid();
+            self.running_tid.store(tid + 1, Ordering::Release);
             self.running_since.store(0, Ordering::Relaxed);
             let copies = self.cache.take_dirty();
             let revokes = std::mem::take(&mut st.revokes);
