@@ -465,7 +465,10 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
     // device runs before the file is opened, let alone truncated.
     if fresh {
         check_size(opts.size)?;
-        plan(opts, &apply_features(&opts.features)?)?;
+        // The whole build, its writes dropped: every refusal `make` can give
+        // (a label too long, no room for the journal, a layout that does not
+        // fit) comes out here.
+        make(&DiscardDevice { size: opts.size }, opts, true)?;
     }
     // Before the truncation below destroys what a mount is using.
     crate::dev::check_unused(path)?;
@@ -482,6 +485,37 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         return Err(Error::Invalid(format!("{} holds only {} bytes", path.display(), dev.size())));
     }
     make(&dev, opts, fresh)
+}
+
+/// A device of `size` zero bytes that drops what is written to it: a dry run
+/// of `make`.
+struct DiscardDevice {
+    size: u64,
+}
+
+impl BlockDevice for DiscardDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.size) {
+            return Err(Error::corrupt("a read past the end of the planned filesystem", format!("offset {offset}")));
+        }
+        buf.fill(0);
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.size) {
+            return Err(Error::corrupt("a write past the end of the planned filesystem", format!("offset {offset}")));
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn stats(&self) -> crate::dev::IoStats {
+        crate::dev::IoStats::default()
+    }
 }
 
 /// A filesystem in a region of an existing image or device, written in place
