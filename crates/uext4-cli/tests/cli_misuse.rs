@@ -500,3 +500,29 @@ fn names_with_control_bytes_are_printed_escaped() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("d\\033]0;title\\a"));
     assert_e2fsck_clean(&image);
 }
+
+/// `uext4 mkfs` over an existing image with options it refuses only after
+/// planning the whole layout (a label too long, no room for a journal at a big
+/// block size) leaves the image byte for byte as it was, e2fsck-clean.
+#[test]
+fn a_refused_mkfs_leaves_the_image_it_would_have_replaced() {
+    if !oracles(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = base_image(dir.path());
+    let before = fs::read(&image).unwrap();
+    let img = image.to_str().unwrap().to_string();
+    for (extra, why) in
+        [(vec!["-L", "12345678901234567"], "longer than 16 bytes"), (vec!["-b", "65536"], "too small for a journal")]
+    {
+        let mut args: Vec<String> = ["mkfs", "-s", "64M"].map(String::from).to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.push(img.clone());
+        let out = uext4_out(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(why), "{args:?}: {stderr}");
+        assert!(fs::read(&image).unwrap() == before, "{args:?} changed the image before refusing");
+    }
+    assert_e2fsck_clean(&image);
+}
