@@ -71,6 +71,8 @@ const MIN_CHUNK_ENTRIES: usize = 1_024;
 pub(crate) const BATCH_NAMES: usize = 64;
 /// Passes in a row over one directory that find nothing yet cannot remove it.
 const STUCK_PASSES: u32 = 1_000;
+/// Passes in a row over one directory that see names but can remove none.
+const STUCK_LOOKUP_PASSES: u32 = 8;
 /// Blocks a big file releases per handle once on the orphan list.
 pub const STEP_BLOCKS: u64 = 4_096;
 /// An indexed directory of at least this many blocks is sorted before removal
@@ -183,6 +185,8 @@ impl Filesystem {
         let mut held = 0usize;
         // Passes in a row that found nothing to remove yet could not rmdir.
         let mut stuck = 0u32;
+        // Passes in a row that saw names but removed none.
+        let mut blind = 0u32;
         // Directories already offered to `sort_for_removal`.
         let mut sorted: HashSet<u32> = HashSet::new();
         while let Some(level) = stack.last_mut() {
@@ -247,7 +251,7 @@ impl Filesystem {
                 stack.pop();
                 continue;
             }
-            stuck = 0;
+            let (names_before, first) = (stats.names, chunk[0].0.clone());
             // Entries typed as directories wait for their descent; the rest
             // (and entries without a type) go in batches, which hand back
             // what turns out to be a directory.
@@ -270,6 +274,29 @@ impl Filesystem {
                     report(&stats)?;
                 }
             }
+            // A pass that saw names but removed none and found no directory to
+            // descend into: they were renamed or removed meanwhile, or the
+            // directory's blocks list names its lookups cannot find (a hash
+            // index that does not match its leaves). The first can happen a
+            // few times in a row, the second every pass: after
+            // `STUCK_LOOKUP_PASSES` such passes it is called damage.
+            if stats.names == names_before && subdirs.is_empty() {
+                blind += 1;
+                if blind > STUCK_LOOKUP_PASSES {
+                    return Err(Error::corrupt(
+                        format!(
+                            "directory lists '{}' (inode {}) but a lookup of that name does not find it (a damaged \
+                             hash index?)",
+                            String::from_utf8_lossy(&first.name),
+                            first.ino
+                        ),
+                        format!("directory inode {dir}"),
+                    ));
+                }
+            } else {
+                blind = 0;
+            }
+            stuck = 0;
             subdirs.sort_unstable_by(|a, b| b.cmp(a));
             held += subdirs.len();
             if let Some(level) = stack.last_mut() {
