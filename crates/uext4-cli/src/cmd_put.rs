@@ -264,37 +264,58 @@ impl<'a> Importer<'a> {
         buf.resize(1 << 20, 0);
         let copied = self.copy_runs(src, &f, ino, len, &mut buf);
         self.buf = buf;
-        copied?;
+        let end = copied?;
         // Trailing zeros stay a hole: only the size moves.
-        if self.fs.stat(ino)?.size < len {
-            self.fs.setattr(ino, &SetAttr { size: Some(len), ..Default::default() })?;
+        if self.fs.stat(ino)?.size < end {
+            self.fs.setattr(ino, &SetAttr { size: Some(end), ..Default::default() })?;
         }
         Ok(())
     }
 
-    /// Copies the data runs of `f` (holes skipped) through `buf`.
-    fn copy_runs(&mut self, src: &Path, f: &std::fs::File, ino: u32, len: u64, buf: &mut [u8]) -> Result<()> {
+    /// Copies the data runs of `f` (holes skipped) through `buf`; returns where
+    /// the file ended. `len` (its size when stat'ed) is where that is expected,
+    /// but it is read to its end as GNU cp reads it: a file of /proc says 0
+    /// bytes and holds more, one of /sys says 4096 and holds fewer, and a file
+    /// may grow or shrink while it is copied.
+    fn copy_runs(&mut self, src: &Path, f: &std::fs::File, ino: u32, len: u64, buf: &mut [u8]) -> Result<u64> {
         let mut off = 0u64;
         while off < len {
             // The host's holes are skipped whole (a sparse file of terabytes is
             // not read as zeros); a host without SEEK_DATA reads everything.
-            let Some((data, hole)) = next_data(f, off, len).map_err(|e| host_error(src, e))? else { break };
+            let Some((data, hole)) = next_data(f, off, len).map_err(|e| host_error(src, e))? else {
+                off = len;
+                break;
+            };
             off = data;
             while off < hole {
                 let want = ((hole - off) as usize).min(buf.len());
                 let n = f.read_at(&mut buf[..want], off).map_err(|e| host_error(src, e))?;
                 if n == 0 {
-                    break;
+                    // The end came early.
+                    return Ok(off);
                 }
                 self.copy_piece(src, ino, off, &buf[..n])?;
                 off += n as u64;
                 self.bytes += n as u64;
             }
-            if off < hole {
-                break;
-            }
         }
-        Ok(())
+        // Whatever lies past the size it had when stat'ed.
+        loop {
+            let n = f.read_at(buf, off).map_err(|e| host_error(src, e))?;
+            if n == 0 {
+                return Ok(off);
+            }
+            if off + n as u64 > self.fs.max_file_size() {
+                return Err(Error::FileTooLarge(format!(
+                    "{} grew past {} bytes, the largest file this image can hold",
+                    src.display(),
+                    self.fs.max_file_size()
+                )));
+            }
+            self.copy_piece(src, ino, off, &buf[..n])?;
+            off += n as u64;
+            self.bytes += n as u64;
+        }
     }
 
     /// Writes `buf` (read from `off`): runs of 4 KiB pieces holding data go in one
