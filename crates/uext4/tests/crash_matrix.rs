@@ -29,7 +29,7 @@
 
 mod oracle;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1674,7 +1674,8 @@ fn rmtree_base(work: &Path) -> RmtreeBase {
         tree.insert("/t".to_string(), None);
         let big = fs.mkdir(t, b"big", 0o755, ROOT).unwrap().ino;
         tree.insert("/t/big".to_string(), None);
-        for i in 0..9_000 {
+        // 9,917 here and 10,083 below: a tree of 20,000 names.
+        for i in 0..9_917 {
             let name = big_name(i);
             fs.create(big, name.as_bytes(), 0o644, ROOT).unwrap();
             tree.insert(format!("/t/big/{name}"), Some(Vec::new()));
@@ -1708,12 +1709,42 @@ fn rmtree_base(work: &Path) -> RmtreeBase {
         tree.insert("/t/to-outside".to_string(), Some(outside[3].1.clone()));
         drop(fs);
     }
+    assert_eq!(tree.len(), 20_000);
     RmtreeBase { image: mem.contents(), outside, tree, counts }
+}
+
+/// The paths left under /t (sorted; empty once /t is gone), as the walk in
+/// `rmtree_cut` names them.
+fn paths_left(fs: &Filesystem) -> Vec<String> {
+    let mut left = Vec::new();
+    if let Some(t) = fs.lookup(ROOT_INO, b"t").unwrap() {
+        fs.walk(t, &mut |rel, _| {
+            left.push(if rel == b"/" { "/t".to_string() } else { format!("/t{}", String::from_utf8_lossy(rel)) });
+            Ok(())
+        })
+        .unwrap();
+    }
+    left.sort();
+    left
+}
+
+fn digest_of(paths: &[String]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    paths.hash(&mut h);
+    h.finish()
 }
 
 /// One cut: remove_tree until the cut, recover, judge, finish. None when the
 /// run ended before its cut.
-fn rmtree_cut(b: &RmtreeBase, fault: Fault, scratch: &Path, kernel: bool, fsck_after: bool) -> Option<usize> {
+fn rmtree_cut(
+    b: &RmtreeBase,
+    states: &HashSet<u64>,
+    fault: Fault,
+    scratch: &Path,
+    kernel: bool,
+    fsck_after: bool,
+) -> Option<usize> {
     let mem = Arc::new(MemDevice::new(b.image.clone()));
     let dev = Arc::new(FaultDevice::new(mem.clone(), fault));
     let fs = Filesystem::open_device(dev.clone(), rmtree_options()).unwrap();
@@ -1760,6 +1791,14 @@ fn rmtree_cut(b: &RmtreeBase, fault: Fault, scratch: &Path, kernel: bool, fsck_a
         })
         .unwrap_or_else(|e| panic!("{fault:?}: walking what is left of the tree: {e}"));
     }
+    // What is left is what the uncut removal left after one of its steps: a
+    // prefix of the removal is gone, nothing else.
+    let names_left = paths_left(&fs);
+    assert!(
+        states.contains(&digest_of(&names_left)),
+        "{fault:?}: the {} names left are not what the removal left after any of its steps",
+        names_left.len()
+    );
     drop(fs);
     std::fs::write(scratch, ours.contents()).unwrap();
     check_e2fsck(scratch, fault);
@@ -1792,8 +1831,18 @@ fn power_cuts_inside_remove_tree() {
     let mem = Arc::new(MemDevice::new(b.image.clone()));
     let recorder = Arc::new(Recorder { inner: mem.clone(), sizes: Mutex::new(Vec::new()) });
     let fs = Filesystem::open_device(recorder.clone(), rmtree_options()).unwrap();
-    let removed = fs.remove_tree(ROOT_INO, b"t").unwrap();
+    // The names left after every step of the removal (each handle ends one),
+    // and before it began.
+    let mut states = HashSet::from([digest_of(&paths_left(&fs))]);
+    let removed = fs
+        .remove_tree_with_progress(ROOT_INO, b"t", &mut |_| {
+            states.insert(digest_of(&paths_left(&fs)));
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
     assert_eq!(removed.names as usize, b.tree.len(), "{removed:?}");
+    states.insert(digest_of(&paths_left(&fs)));
+    eprintln!("remove_tree: {} distinct states of the tree in the uncut removal", states.len());
     drop(fs);
     assert_eq!(free_counts_of(&mem.contents()), b.counts);
     let sizes = recorder.sizes.lock().unwrap().clone();
@@ -1821,13 +1870,14 @@ fn power_cuts_inside_remove_tree() {
     let partial = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for t in 0..2 {
-            let (faults, b, next, left, early, partial) = (&faults, &b, &next, &left, &early, &partial);
+            let (faults, b, next, left, early, partial, states) =
+                (&faults, &b, &next, &left, &early, &partial, &states);
             let scratch = work.path().join(format!("rmtree-cut{t}.img"));
             s.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&fault) = faults.get(i) else { break };
-                let kernel = kernel_cut(i, 10);
-                match rmtree_cut(b, fault, &scratch, kernel, i % 3 == 0) {
+                let kernel = kernel_cut(i, 1);
+                match rmtree_cut(b, states, fault, &scratch, kernel, i % 3 == 0) {
                     Some(n) => {
                         left.fetch_add(n as u64, Ordering::Relaxed);
                         if n > 0 && n < b.tree.len() {

@@ -362,6 +362,9 @@ fn lookups_see_a_rename_whole() {
     }
     let (seen, checks) = watcher.join().unwrap();
     eprintln!("{checks} times the new name was found first; the old one with it {} times", seen.len());
+    // A watcher that never caught a rename between its two steps judged nothing
+    // (a few thousand catches on two CPUs).
+    assert!(checks > 0, "the watcher never found a new name before the renamer moved on");
     assert!(seen.is_empty(), "a lookup found both names of renames {:?}", &seen[..seen.len().min(5)]);
     drop(fs);
     oracle::assert_e2fsck_clean(&image);

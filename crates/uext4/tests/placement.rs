@@ -119,6 +119,15 @@ fn property_run(dir_ireserve: DirReserve, hash_goal: bool) {
     let fresh = |live: &mut HashSet<u32>, ino: u32| {
         assert!(live.insert(ino), "{what}: inode {ino} handed out while in use");
     };
+    // hash_goal places only in indexed directories: with it on, half the
+    // creates go to one directory, which grows into an htree (a few hundred
+    // names in 1 KiB blocks) and gets a span.
+    let big = hash_goal.then(|| {
+        let ino = fs.mkdir(ROOT_INO, b"big", 0o755, ROOT).unwrap().ino;
+        fresh(&mut live, ino);
+        dirs.push((ino, "/big".to_string()));
+        ino
+    });
     for step in 0..1500 {
         serial += 1;
         match rng.below(10) {
@@ -147,7 +156,10 @@ fn property_run(dir_ireserve: DirReserve, hash_goal: bool) {
                 }
             }
             _ => {
-                let (parent, _) = dirs[rng.below(dirs.len())].clone();
+                let parent = match big {
+                    Some(big) if rng.below(2) == 0 => big,
+                    _ => dirs[rng.below(dirs.len())].0,
+                };
                 let name = format!("f{serial}");
                 let ino = fs.create(parent, name.as_bytes(), 0o644, ROOT).unwrap().ino;
                 fresh(&mut live, ino);
@@ -160,6 +172,9 @@ fn property_run(dir_ireserve: DirReserve, hash_goal: bool) {
     }
     if dir_ireserve != DirReserve::Off {
         assert!(!fs.inode_windows().is_empty(), "{what}: directories hold windows");
+    }
+    if let Some(big) = big {
+        assert!(fs.hash_span(big).is_some(), "{what}: the big directory is indexed and has a span");
     }
     // Fill the table: every free inode must be usable, windows or not.
     let free_before = fs.free_inodes();
@@ -262,6 +277,13 @@ fn allocator_properties_dir_ireserve_high() {
 fn allocator_properties_dir_ireserve_of_24_slots() {
     if oracle::require_e2fsprogs() {
         property_run(DirReserve::Slots(24), false);
+    }
+}
+
+#[test]
+fn allocator_properties_hash_goal_alone() {
+    if oracle::require_e2fsprogs() {
+        property_run(DirReserve::Off, true);
     }
 }
 

@@ -257,8 +257,15 @@ fn an_open_file_inside_stays_readable_until_its_close() {
     let removed = fs.remove_tree(ROOT_INO, b"t").unwrap();
     assert_eq!((removed.names, removed.directories, removed.inodes_released), (103, 2, 103));
     assert_eq!(fs.read_all(f).unwrap(), vec![3u8; 1 << 20], "the open file is still readable");
-    assert!(fs.superblock().s_last_orphan == f || fs.free_blocks() < counts.0, "the open file is an orphan");
+    // On disk too: what a crash now would leave for the next open (or the
+    // kernel, or e2fsck) to free is this file, at the head of the orphan list.
+    fs.sync().unwrap();
+    let copy = work.path().join("copy.img");
+    std::fs::copy(&image, &copy).unwrap();
+    assert_eq!(oracle::dumpe2fs_field(&copy, "First orphan inode"), Some(f.to_string()), "the open file is an orphan");
+    assert_eq!(fs.superblock().s_last_orphan, f);
     fs.close_inode(f).unwrap();
+    assert_eq!(fs.superblock().s_last_orphan, 0, "its close took it off the list");
     drop(fs);
     oracle::assert_e2fsck_clean(&image);
     assert_eq!(free_counts(&image), counts);
@@ -593,4 +600,40 @@ fn a_scattered_directory_is_sorted_and_its_old_tree_released() {
     drop(fs);
     oracle::assert_e2fsck_clean(&image);
     assert!(free_counts(&image).0 > counts.0, "the directory's blocks are free again");
+}
+
+/// A directory whose hash index no longer matches its leaves (the superblock's
+/// hash seed changed by debugfs, as a damaged image can have it): a pass finds
+/// names in the blocks that no lookup finds. remove_tree removes what it can
+/// and stops with `Corrupt` naming such an entry, instead of passing over the
+/// same names forever.
+#[test]
+fn names_its_lookups_cannot_find_stop_the_removal_with_corrupt() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = uext4_image(work.path(), 16 << 20);
+    {
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        for i in 0..400 {
+            fs.create(d, format!("file-with-a-longer-name-{i}").as_bytes(), 0o644, ROOT).unwrap();
+        }
+        assert!(fs.inode(d).unwrap().i_flags & uext4::format::inode::EXT4_INDEX_FL != 0, "d is an htree");
+    }
+    oracle::run(
+        Command::new("debugfs").args(["-w", "-R", "ssv hash_seed 11111111-2222-3333-4444-555555555555"]).arg(&image),
+    );
+    let fs = Filesystem::open(&image, rw()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let _ = tx.send(fs.remove_tree(ROOT_INO, b"d"));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(Err(Error::Corrupt { what, .. })) => assert!(what.contains("lookup of that name"), "{what}"),
+        Ok(other) => panic!("remove_tree of a directory with a mismatched index gave {other:?}"),
+        Err(_) => panic!("remove_tree still ran after 60 s"),
+    }
+    worker.join().unwrap();
 }
