@@ -526,3 +526,36 @@ fn a_refused_mkfs_leaves_the_image_it_would_have_replaced() {
     }
     assert_e2fsck_clean(&image);
 }
+
+/// A file of 1 TiB whose data is its first 16 bytes copies out as that data
+/// and a hole: reading the hole as zeros would take many minutes, which the
+/// 60 s limit turns into a failure rather than a hang.
+#[test]
+fn a_huge_sparse_file_copies_out_as_its_data() {
+    if !oracles(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("sparse.img");
+    mkfs(&image, "64M");
+    let img = image.to_str().unwrap();
+    let host = dir.path().join("head");
+    fs::write(&host, b"the first bytes\n").unwrap();
+    run(uext4().args(["cp", host.to_str().unwrap(), &format!("{img}:/f")]));
+    run(uext4().args(["truncate", "-s", "1T", &format!("{img}:/f")]));
+    let out = dir.path().join("out");
+    let status = Command::new("timeout")
+        .args(["60", env!("CARGO_BIN_EXE_uext4"), "cp", &format!("{img}:/f")])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp out of a 1 TiB sparse file: {status}");
+    use std::os::unix::fs::MetadataExt;
+    let md = fs::metadata(&out).unwrap();
+    assert_eq!(md.len(), 1 << 40);
+    assert!(md.blocks() < 1024, "the copy is not sparse: {} blocks", md.blocks());
+    let mut head = vec![0u8; 16];
+    std::os::unix::fs::FileExt::read_exact_at(&fs::File::open(&out).unwrap(), &mut head, 0).unwrap();
+    assert_eq!(head, b"the first bytes\n");
+    assert_e2fsck_clean(&image);
+}
