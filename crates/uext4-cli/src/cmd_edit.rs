@@ -242,7 +242,15 @@ pub fn rm(a: RmArgs) -> CliResult<()> {
                 }
                 Last::Name(_) => {}
             }
-            match resolve(fs, t).and_then(|r| r.existing(t)) {
+            let found = resolve(fs, t).and_then(|r| {
+                // rm -r through a symlink's slash would leave GNU rm emptying the
+                // directory it leads to and then failing on the link: refused whole.
+                if a.recursive {
+                    r.refuse_through_symlink(t)?;
+                }
+                r.existing(t)
+            });
+            match found {
                 Ok(ino) => {
                     if fs.stat(ino).context(|| cannot(t))?.file_type == FileType::Directory && !a.recursive {
                         refused.push(Failure::about(&cannot(t), &Error::IsADirectory(String::new())));
@@ -291,6 +299,7 @@ pub fn mv(a: MvArgs) -> CliResult<()> {
             // The kernel's rename refuses '.', '..' and the root with EBUSY.
             return Err(Failure::about(&cannot(), &Error::Busy("'.', '..' and the root cannot be moved".into())));
         };
+        from.refuse_through_symlink(&a.from).context(cannot)?;
         let src = from.existing(&a.from).context(cannot)?;
         let to = resolve(fs, &a.to).context(cannot)?;
         let (dst_dir, dst_name) = match dir_behind(fs, &a.to, &to).context(cannot)? {
@@ -395,6 +404,11 @@ pub fn ln(a: LnArgs) -> CliResult<()> {
             },
             None => match link.entry() {
                 Some(_) if link.ino.is_some() => return Err(Failure::about(&cannot(), &Error::Exists(String::new()))),
+                // A name ending in '/' can only be made as a directory (the
+                // kernel's link and symlink answer ENOENT).
+                Some(_) if link.trailing_slash => {
+                    return Err(Failure::about(&cannot(), &Error::NotFound(a.link.shown())))
+                }
                 Some((dir, n)) => (dir, n.to_vec()),
                 None => unreachable!("'.', '..' and the root are directories"),
             },

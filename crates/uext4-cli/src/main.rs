@@ -145,6 +145,23 @@ fn main() -> ExitCode {
         (None, Some(n)) => uext4::dev::Region::Partition(n),
         (None, None) => uext4::dev::Region::Whole,
     });
+    // The reading commands end quietly when what reads their output goes away
+    // (`uext4 ls -l IMG:/ | head`), as cat and ls do: SIGPIPE's default action.
+    // Rust ignores SIGPIPE, and a print into a closed pipe then panics. Commands
+    // that change an image or serve a mount keep ignoring it: they never die
+    // between two writes for want of a reader.
+    if matches!(
+        cli.command,
+        Command::Info(_)
+            | Command::Ls(_)
+            | Command::Cat(_)
+            | Command::Stat(_)
+            | Command::Stats(_)
+            | Command::Getfattr(_)
+    ) {
+        // SAFETY: restores a signal's default action before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result: show::CliResult<()> = match cli.command {
         Command::Info(a) => cmd_info::run(a),
         Command::Ls(a) => cmd_ls::run_ls(a),

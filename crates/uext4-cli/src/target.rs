@@ -81,6 +81,11 @@ pub struct Resolved {
     pub ino: Option<u32>,
     /// The operand ends in '/': it must be a directory (or a symlink to one).
     pub trailing_slash: bool,
+    /// The last component is a symlink that the trailing '/' followed: `ino`
+    /// is the directory it leads to, while `entry()` is still the link's own
+    /// name, which the kernel will not unlink, rmdir or rename through the
+    /// slash (ENOTDIR).
+    pub through_symlink: bool,
 }
 
 impl Resolved {
@@ -90,6 +95,15 @@ impl Resolved {
         match &self.last {
             Last::Name(n) => Some((self.dir, n)),
             _ => None,
+        }
+    }
+
+    /// ENOTDIR for an operand whose trailing '/' went through a symlink: what
+    /// the kernel's unlink, rmdir and rename answer for such a path.
+    pub fn refuse_through_symlink(&self, t: &Target) -> Result<()> {
+        match self.through_symlink {
+            true => Err(Error::NotADirectory(t.shown())),
+            false => Ok(()),
         }
     }
 
@@ -109,7 +123,13 @@ pub fn resolve(fs: &Filesystem, t: &Target) -> Result<Resolved> {
     }
     let trailing_slash = t.path.len() > 1 && t.path.ends_with(b"/");
     let Some((_, dirs)) = comps.split_last() else {
-        return Ok(Resolved { dir: ROOT_INO, last: Last::Root, ino: Some(ROOT_INO), trailing_slash: false });
+        return Ok(Resolved {
+            dir: ROOT_INO,
+            last: Last::Root,
+            ino: Some(ROOT_INO),
+            trailing_slash: false,
+            through_symlink: false,
+        });
     };
     // A final "." makes lookup_path follow a symlink naming the directory itself.
     let mut dir_path = b"/".to_vec();
@@ -134,12 +154,32 @@ pub fn resolve(fs: &Filesystem, t: &Target) -> Result<Resolved> {
             (Last::Name(name), ino)
         }
     };
+    let mut resolved = Resolved { dir, last, ino, trailing_slash, through_symlink: false };
     if let (true, Some(ino)) = (trailing_slash, ino) {
-        if !matches!(fs.stat(ino)?.file_type, FileType::Directory | FileType::Symlink) {
-            return Err(Error::NotADirectory(t.shown()));
+        match fs.stat(ino)?.file_type {
+            FileType::Directory => {}
+            // The trailing '/' follows a final symlink, as the kernel's walk
+            // does: to a directory, or ENOTDIR, ENOENT (dangling) or ELOOP.
+            FileType::Symlink => {
+                let mut path = t.path.clone();
+                while path.last() == Some(&b'/') {
+                    path.pop();
+                }
+                path.extend_from_slice(b"/.");
+                let target = fs.lookup_path(&path).map_err(|e| match e {
+                    Error::NotADirectory(_) => Error::NotADirectory(t.shown()),
+                    e => e,
+                })?;
+                if fs.stat(target)?.file_type != FileType::Directory {
+                    return Err(Error::NotADirectory(t.shown()));
+                }
+                resolved.ino = Some(target);
+                resolved.through_symlink = true;
+            }
+            _ => return Err(Error::NotADirectory(t.shown())),
         }
     }
-    Ok(Resolved { dir, last, ino, trailing_slash })
+    Ok(resolved)
 }
 
 /// Where in every image operand the filesystem lies (`--offset`, `--partition`):

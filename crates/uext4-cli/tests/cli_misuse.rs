@@ -96,6 +96,8 @@ fn refused_operands_leave_the_image_byte_for_byte() {
     }
     let dir = tempfile::tempdir().unwrap();
     let image = base_image(dir.path());
+    // Symlinks for operands whose trailing '/' goes through them.
+    debugfs_w(&image, &["symlink flink sub/f", "symlink dlink a", "symlink loop loop"].map(String::from));
     let img = image.display().to_string();
     let host = dir.path();
     fs::write(host.join("h1"), b"host one\n").unwrap();
@@ -156,6 +158,17 @@ fn refused_operands_leave_the_image_byte_for_byte() {
         (vec!["cp", "%h1", "%h2", "@/sub/f"], vec!["'@/sub/f'"], FailsWith("Not a directory")),
         (vec!["cp", "%h1", "@/nodir/"], vec!["'@/nodir/'"], FailsWith("Not a directory")),
         (vec!["cp", "-r", "%..", "@/a"], vec!["no name of its own"], Differs),
+        // A trailing '/' follows a final symlink, to a directory or ENOTDIR;
+        // the link's own entry is never removed or renamed through it.
+        (vec!["rm", "@/flink/"], vec!["cannot remove '@/flink/'"], FailsWith("Not a directory")),
+        (vec!["rm", "@/dlink/"], vec!["cannot remove '@/dlink/'"], FailsWith("Is a directory")),
+        // GNU would empty /a through the link, then fail on the link.
+        (vec!["rm", "-r", "@/dlink/"], vec!["cannot remove '@/dlink/'", "Not a directory"], Differs),
+        (vec!["cat", "@/flink/"], vec!["'@/flink/'"], FailsWith("Not a directory")),
+        (vec!["ls", "@/loop/"], vec!["'@/loop/'"], FailsWith("Too many levels of symbolic links")),
+        (vec!["ln", "-s", "zz", "@/new/"], vec!["'@/new/'"], FailsWith("No such file or directory")),
+        (vec!["mv", "@/dlink/", "@/x"], vec!["cannot move '@/dlink/'"], FailsWith("Not a directory")),
+        (vec!["mv", "@/flink/", "@/x"], vec!["'@/flink/'"], FailsWith("Not a directory")),
         // GNU cp would overwrite; uext4's copy-in never does.
         (vec!["cp", "%h1", "%x/f", "@/sub/."], vec!["cannot copy", "into '@/sub/.': File exists"], Differs),
     ];
@@ -558,4 +571,26 @@ fn a_huge_sparse_file_copies_out_as_its_data() {
     std::os::unix::fs::FileExt::read_exact_at(&fs::File::open(&out).unwrap(), &mut head, 0).unwrap();
     assert_eq!(head, b"the first bytes\n");
     assert_e2fsck_clean(&image);
+}
+
+/// A reading command whose reader goes away (`| head -c 1`) ends as cat and
+/// ls end, by SIGPIPE (exit 141 through a shell) or having written all, never
+/// with a panic (exit 101, "failed printing to stdout").
+#[test]
+fn reading_commands_end_quietly_when_their_reader_goes_away() {
+    if !oracles(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = base_image(dir.path());
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    for cmd in ["stat", "ls -l", "cat"] {
+        let operand = if cmd == "cat" { "/sub/f" } else { "/sub" };
+        for _ in 0..20 {
+            let script =
+                format!("set -o pipefail; {bin} {cmd} '{}:{operand}' 2>&1 | head -c 1 >/dev/null", image.display());
+            let code = Command::new("bash").args(["-c", &script]).status().unwrap().code();
+            assert!(matches!(code, Some(0) | Some(141)), "uext4 {cmd} into a closed pipe: exit {code:?}");
+        }
+    }
 }
