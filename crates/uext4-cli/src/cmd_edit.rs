@@ -507,10 +507,21 @@ pub struct ChownArgs {
 
 pub fn chown(a: ChownArgs) -> CliResult<()> {
     let bad = || Failure::refused(format!("chown: invalid owner '{}' (expected numeric UID[:GID])", a.owner));
-    let (uid, gid) = match a.owner.split_once(':') {
-        Some((u, g)) => (Some(u.parse().map_err(|_| bad())?), Some(g.parse().map_err(|_| bad())?)),
-        None => (Some(a.owner.parse().map_err(|_| bad())?), None),
+    // An empty part leaves that id alone (`:GID`, `UID:`). 4294967295 is
+    // (uid_t)-1, which chown(2) reads as "no change": GNU chown refuses it.
+    let id = |text: &str| -> Result<Option<u32>, Failure> {
+        match text {
+            "" => Ok(None),
+            _ => text.parse::<u32>().ok().filter(|&v| v != u32::MAX).map(Some).ok_or_else(bad),
+        }
     };
+    let (uid, gid) = match a.owner.split_once(':') {
+        Some((u, g)) => (id(u)?, id(g)?),
+        None => (id(&a.owner)?, None),
+    };
+    if uid.is_none() && gid.is_none() && a.owner != ":" {
+        return Err(bad());
+    }
     check_then_apply("chown", &a.targets.iter().collect::<Vec<_>>(), |fs, pass| {
         let inos = resolve_all("chown", fs, &a.targets, |t| format!("chown: cannot access {}", t.quoted()))?;
         if pass == Pass::Check {

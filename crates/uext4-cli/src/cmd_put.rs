@@ -341,6 +341,13 @@ impl<'a> Importer<'a> {
     }
 }
 
+/// Whether host path `src` ends in a "." component (`DIR/.`): cp copies what
+/// is in such a directory, not the directory under its name.
+fn names_its_own_contents(src: &Path) -> bool {
+    let bytes = src.as_os_str().as_bytes();
+    bytes == b"." || bytes.ends_with(b"/.") || bytes.ends_with(b"/./")
+}
+
 /// The names in host directory `src`, sorted (the order the copy makes them in).
 pub(crate) fn host_children(src: &Path) -> Result<Vec<std::ffi::OsString>> {
     let mut entries: Vec<_> = std::fs::read_dir(src)
@@ -400,6 +407,17 @@ fn copy_in_pass(
             Ok(m) if m.is_dir() && !recursive => {
                 refused.push(Failure::refused(format!("cp: -r not specified; omitting directory {shown}")))
             }
+            // `DIR/.` into a directory: its contents, as GNU cp copies them
+            // (each a new entry: one already there is refused now).
+            Ok(m) if m.is_dir() && into_dir.is_some() && names_its_own_contents(src) => {
+                let dir = into_dir.expect("matched above");
+                for child in host_children(src).map_err(|e| Failure::about(&cannot(), &e))? {
+                    if fs.lookup(dir, child.as_bytes()).context(cannot)?.is_some() {
+                        let e = Error::Exists(String::from_utf8_lossy(child.as_bytes()).into_owned());
+                        refused.push(Failure::about(&format!("cp: cannot copy {shown} into {}", dest.quoted()), &e))
+                    }
+                }
+            }
             Ok(_) => match (into_dir, src.file_name()) {
                 (Some(_), None) => refused.push(Failure::refused(format!(
                     "cp: cannot copy {shown} into {}: it has no name of its own",
@@ -448,11 +466,7 @@ fn copy_in_pass(
     // SAFETY: geteuid and getegid have no preconditions.
     let _caller = fs.acting_as(unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } });
     let mut im = Importer::new(fs, recursive);
-    for src in sources {
-        let name = match &name {
-            Some(n) => n.as_slice(),
-            None => src.file_name().map(|n| n.as_bytes()).expect("checked above"),
-        };
+    let copy_one = |im: &mut Importer, src: &Path, name: &[u8]| -> CliResult<()> {
         let context =
             || format!("cp: cannot copy {} to {}", crate::show::quoted(&src.display().to_string()), dest.quoted());
         if jobs > 1 && recursive && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir()) {
@@ -462,6 +476,22 @@ fn copy_in_pass(
         } else {
             im.copy(src, dir, name).context(context)?;
         }
+        Ok(())
+    };
+    for src in sources {
+        let contents_only =
+            name.is_none() && names_its_own_contents(src) && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir());
+        if contents_only {
+            for child in host_children(src).context(cannot)? {
+                copy_one(&mut im, &src.join(&child), child.as_bytes())?;
+            }
+            continue;
+        }
+        let name = match &name {
+            Some(n) => n.as_slice(),
+            None => src.file_name().map(|n| n.as_bytes()).expect("checked above"),
+        };
+        copy_one(&mut im, src, name)?;
     }
     if im.progress.is_some() {
         eprintln!("\r{} files, {} MiB copied", im.files, im.bytes >> 20);

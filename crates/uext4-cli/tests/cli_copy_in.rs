@@ -387,3 +387,55 @@ fn pseudo_files_are_copied_to_their_end_not_their_stated_size() {
     }
     drop(guard);
 }
+
+/// `cp -r DIR/. IMG:/dest` copies what DIR holds into an existing dest, as GNU
+/// cp does (not DIR under its own name); into a new dest, DIR itself as dest.
+#[test]
+fn a_source_ending_in_dot_copies_its_contents() {
+    if unsafe { libc::geteuid() } != 0 && skip("loop mounts need root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("a"), b"one\n").unwrap();
+    std::fs::write(src.join("sub/b"), b"two\n").unwrap();
+    let image = dir.path().join("fs.img");
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("32M"));
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    let img = image.display().to_string();
+    run(Command::new(bin).args(["mkdir", &format!("{img}:/dest")]));
+    let dotted = format!("{}/.", src.display());
+    run(Command::new(bin).args(["cp", "-r", &dotted, &format!("{img}:/dest")]));
+    run(Command::new(bin).args(["cp", "-r", &dotted, &format!("{img}:/fresh")]));
+    // A second copy into dest would overwrite: refused, as uext4's copy-in never overwrites.
+    let again = Command::new(bin).args(["cp", "-r", &dotted, &format!("{img}:/dest")]).output().unwrap();
+    assert!(!again.status.success());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
+    let guard = Mount(mnt.clone());
+    for top in ["dest", "fresh"] {
+        let mut names: Vec<String> = walkdir_names(&mnt.join(top));
+        names.sort();
+        assert_eq!(names, ["a", "sub", "sub/b"], "{top}");
+        assert_eq!(std::fs::read(mnt.join(top).join("sub/b")).unwrap(), b"two\n");
+    }
+    drop(guard);
+}
+
+/// Paths under `root`, relative to it.
+fn walkdir_names(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}

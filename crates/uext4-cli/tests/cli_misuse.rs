@@ -151,6 +151,8 @@ fn refused_operands_leave_the_image_byte_for_byte() {
         (vec!["truncate", "-s", "0", "@/a"], vec!["cannot open '@/a' for writing"], FailsWith("Is a directory")),
         (vec!["chmod", "700", "@/sub/f", "@/missing"], vec!["cannot access '@/missing'"], Differs),
         (vec!["chmod", "700", "@/missing"], vec!["cannot access '@/missing'"], FailsWith("No such file or directory")),
+        // (uid_t)-1 means "leave it" to chown(2): not an owner.
+        (vec!["chown", "4294967295", "@/sub/f"], vec!["invalid owner"], Refuses),
         (vec!["chown", "1:1", "@/a/../missing"], vec!["'@/a/../missing'"], FailsWith("No such file or directory")),
         (vec!["setfattr", "-n", "user.x", "-v", "1", "@/sub/f", "@/sub/f/"], vec!["'@/sub/f/'"], Differs),
         (vec!["cp", "%h1", &long_path], vec!["cp:"], FailsWith("File name too long")),

@@ -70,9 +70,10 @@ impl KernelMount {
 impl Drop for KernelMount {
     fn drop(&mut self) {
         // A child another test thread is starting holds copies of this thread's
-        // descriptors until it execs: "busy" for a moment, so a few tries.
+        // descriptors until it execs: "busy" for a moment, so tries for up to
+        // 10 s (a loaded machine stretches the moment past a second).
         let mut out = Command::new("umount").arg(&self.dir).output();
-        for _ in 0..50 {
+        for _ in 0..500 {
             if out.as_ref().is_ok_and(|o| o.status.success()) {
                 return;
             }
