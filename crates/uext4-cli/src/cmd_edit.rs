@@ -267,17 +267,30 @@ pub fn rm(a: RmArgs) -> CliResult<()> {
         if pass == Pass::Check {
             return Ok(());
         }
+        // Found by the check, so one gone now was inside an earlier operand's
+        // tree (or named twice): GNU rm says ENOENT for it and ends with 1.
+        let mut gone = Vec::new();
         for t in doomed {
-            // Found by the check, so if it is gone now an earlier operand's tree held it.
             let r = match resolve(fs, t) {
                 Ok(r) if r.ino.is_some() => r,
-                Ok(_) | Err(Error::NotFound(_)) => continue,
+                Ok(_) | Err(Error::NotFound(_)) if a.force => continue,
+                Ok(_) => {
+                    gone.push(Failure::about(&cannot(t), &Error::NotFound(String::new())));
+                    continue;
+                }
+                Err(e @ Error::NotFound(_)) => {
+                    gone.push(Failure::about(&cannot(t), &e));
+                    continue;
+                }
                 Err(e) => return Err(Failure::about(&cannot(t), &e)),
             };
             let (parent, name) = r.entry().expect("only named entries are doomed");
             remove_tree(fs, parent, name).context(|| cannot(t))?;
         }
-        Ok(())
+        match gone.is_empty() {
+            true => Ok(()),
+            false => Err(Failure::all(gone)),
+        }
     })
 }
 

@@ -596,3 +596,39 @@ fn reading_commands_end_quietly_when_their_reader_goes_away() {
         }
     }
 }
+
+/// `rm -r A A/x` and `rm -r B B`: the first operand takes the second with it;
+/// GNU rm then says ENOENT for the second and exits 1, and so does uext4,
+/// having removed the first (the kernel's mount of a twin agrees on the tree).
+#[test]
+fn rm_of_an_operand_an_earlier_one_removed_says_enoent() {
+    if !oracles(true) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = base_image(dir.path());
+    let twin = dir.path().join("twin.img");
+    fs::copy(&image, &twin).unwrap();
+    let img = image.display().to_string();
+    let mount = KernelMount::new(&twin, "");
+    for (ours, theirs) in [(["@/a", "@/a/b"], ["a", "a/b"]), (["@/sub", "@/sub"], ["sub", "sub"])] {
+        let args: Vec<String> = ["rm".to_string(), "-r".to_string()]
+            .into_iter()
+            .chain(ours.iter().map(|o| o.replace('@', &format!("{img}:"))))
+            .collect();
+        let out = uext4_out(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("No such file or directory"), "{args:?}: {stderr}");
+        let g = Command::new("rm").arg("-r").args(theirs.iter().map(|t| mount.dir.join(t))).output().unwrap();
+        assert_eq!(g.status.code(), Some(1), "GNU rm -r {theirs:?}");
+    }
+    let listing = run(Command::new("debugfs").arg("-R").arg("ls -p /").arg(&image));
+    assert!(!listing.contains("/a/") && !listing.contains("/sub/"), "{listing}");
+    let mut gnu: Vec<String> =
+        fs::read_dir(&mount.dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    gnu.sort();
+    assert_eq!(gnu, ["lost+found"]);
+    drop(mount);
+    assert_e2fsck_clean(&image);
+}
