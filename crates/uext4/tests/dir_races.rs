@@ -56,6 +56,44 @@ struct Epoch {
     want: Vec<(Vec<u8>, u32)>,
 }
 
+/// When the writers' names existed, by a clock of events (`tick`): a name's
+/// life runs from just after its create (or rename to it) returned to just
+/// before its unlink (or rename from it) was called. A listing that starts
+/// after a name's birth and ends before its death must hold it exactly once.
+#[derive(Default)]
+struct Lives {
+    clock: AtomicU64,
+    /// Writers' names the listings were checked for.
+    checked: AtomicU64,
+    /// (directory, name) → (born, dies), one map per writer.
+    by_writer: [std::sync::Mutex<std::collections::HashMap<(u32, Vec<u8>), (u64, u64)>>; WRITERS],
+}
+
+impl Lives {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst)
+    }
+    fn born(&self, w: usize, dir: u32, name: &[u8]) {
+        let t = self.tick();
+        self.by_writer[w].lock().unwrap().insert((dir, name.to_vec()), (t, u64::MAX));
+    }
+    fn dies(&self, w: usize, dir: u32, name: &[u8]) {
+        let t = self.tick();
+        self.by_writer[w].lock().unwrap().get_mut(&(dir, name.to_vec())).expect("a name born before").1 = t;
+    }
+    /// The names of `dir` alive for the whole of (start, end).
+    fn alive_throughout(&self, dir: u32, start: u64, end: u64) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for map in &self.by_writer {
+            let map = map.lock().unwrap();
+            out.extend(
+                map.iter().filter(|((d, _), &(b, x))| *d == dir && b < start && x > end).map(|((_, n), _)| n.clone()),
+            );
+        }
+        out
+    }
+}
+
 /// Readers look up and list the stable names of the current epoch until
 /// `stop`; returns (lookups, listings, failures described).
 fn reader(
@@ -63,6 +101,7 @@ fn reader(
     current: Arc<RwLock<Arc<Epoch>>>,
     stop: Arc<AtomicBool>,
     count: Arc<AtomicU64>,
+    lives: Arc<Lives>,
 ) -> (u64, u64, Vec<String>) {
     let mut failures = Vec::new();
     let (mut lookups, mut listings) = (0u64, 0u64);
@@ -81,8 +120,27 @@ fn reader(
             epoch = current.read().unwrap().clone();
         }
         if i.is_multiple_of(5_000) {
-            match fs.read_dir(epoch.dir) {
+            let start = lives.tick();
+            let listed = fs.read_dir(epoch.dir);
+            let end = lives.tick();
+            match listed {
                 Ok(entries) => {
+                    let listed: std::collections::HashMap<&[u8], usize> =
+                        entries.iter().fold(Default::default(), |mut m, e| {
+                            *m.entry(e.name.as_slice()).or_default() += 1;
+                            m
+                        });
+                    let alive = lives.alive_throughout(epoch.dir, start, end);
+                    for name in &alive {
+                        let n = listed.get(name.as_slice()).copied().unwrap_or(0);
+                        if n != 1 {
+                            failures.push(format!(
+                                "listing holds {} {n} times, which lived through it",
+                                String::from_utf8_lossy(name)
+                            ));
+                        }
+                    }
+                    lives.checked.fetch_add(alive.len() as u64, Ordering::Relaxed);
                     for (name, ino) in &epoch.want {
                         let n = entries.iter().filter(|e| &e.name == name).count();
                         if n != 1 || !entries.iter().any(|e| &e.name == name && e.ino == *ino) {
@@ -108,19 +166,23 @@ fn reader(
 /// and unlinking every 5th, until it has `LIVE_PER_WRITER` names standing. With
 /// `clean`, it then unlinks them all, so the next epoch has inodes to use.
 /// Returns the names it left.
-fn writer(fs: &Filesystem, dir: u32, w: usize, epoch: u64, clean: bool) -> BTreeSet<Vec<u8>> {
+fn writer(fs: &Filesystem, dir: u32, w: usize, epoch: u64, clean: bool, lives: &Lives) -> BTreeSet<Vec<u8>> {
     let mut left = BTreeSet::new();
     let mut i = 0;
     while left.len() < LIVE_PER_WRITER {
         let name = churn_name(w, epoch, i);
         fs.create(dir, &name, 0o644, ROOT).unwrap();
+        lives.born(w, dir, &name);
         left.insert(name.clone());
         if i % 7 == 6 {
             let to = [name.as_slice(), b"-renamed"].concat();
+            lives.dies(w, dir, &name);
             fs.rename(dir, &name, dir, &to, 0).unwrap();
+            lives.born(w, dir, &to);
             left.remove(&name);
             left.insert(to);
         } else if i % 5 == 4 {
+            lives.dies(w, dir, &name);
             fs.unlink(dir, &name).unwrap();
             left.remove(&name);
         }
@@ -128,6 +190,7 @@ fn writer(fs: &Filesystem, dir: u32, w: usize, epoch: u64, clean: bool) -> BTree
     }
     if clean {
         for name in std::mem::take(&mut left) {
+            lives.dies(w, dir, &name);
             fs.unlink(dir, &name).unwrap();
         }
     }
@@ -156,10 +219,12 @@ fn lookups_never_miss_during_splits(block_size: u32, pdirops: bool) {
 
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
+    let lives = Arc::new(Lives::default());
     let readers: Vec<_> = (0..READERS)
         .map(|_| {
             let (fs, current, stop, count) = (fs.clone(), current.clone(), stop.clone(), count.clone());
-            std::thread::spawn(move || reader(fs, current, stop, count))
+            let lives = lives.clone();
+            std::thread::spawn(move || reader(fs, current, stop, count, lives))
         })
         .collect();
     // Epochs until the readers have done their lookups: in each, the writers
@@ -173,8 +238,8 @@ fn lookups_never_miss_during_splits(block_size: u32, pdirops: bool) {
         let epoch = current.read().unwrap().clone();
         let last = count.load(Ordering::Relaxed) >= wanted * 3 / 4;
         let kept: Vec<Vec<u8>> = std::thread::scope(|s| {
-            let (fs, dir) = (&fs, epoch.dir);
-            let workers: Vec<_> = (0..WRITERS).map(|w| s.spawn(move || writer(fs, dir, w, k, !last))).collect();
+            let (fs, dir, lives) = (&fs, epoch.dir, &lives);
+            let workers: Vec<_> = (0..WRITERS).map(|w| s.spawn(move || writer(fs, dir, w, k, !last, lives))).collect();
             workers.into_iter().flat_map(|w| w.join().expect("a writer panicked")).collect()
         });
         left.extend(kept);
@@ -210,6 +275,9 @@ fn lookups_never_miss_during_splits(block_size: u32, pdirops: bool) {
     );
     assert!(failures.is_empty(), "{} failures, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
     assert!(lookups >= wanted, "{lookups} lookups");
+    let checked = lives.checked.load(Ordering::Relaxed);
+    eprintln!("listings were checked for {checked} writers' names that lived through them");
+    assert!(checked >= 1_000, "only {checked} writers' names were checked in listings");
     assert!(blocks.iter().all(|&b| b > 100), "a directory grew to too few blocks: {blocks:?}");
     drop(fs);
 
@@ -336,32 +404,39 @@ fn lookups_see_a_rename_whole() {
     }
     let name = |i: u64| format!("moving-{i:06}").into_bytes();
     fs.create(dir, &name(0), 0o644, ROOT).unwrap();
+    // At least this many renames, and more (up to ten times as many) until the
+    // watcher has caught one between its two lookups: on a loaded machine that
+    // takes longer.
     const STEPS: u64 = 100_000;
     let at = Arc::new(AtomicU64::new(0));
+    let caught = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let (fs, at) = (fs.clone(), at.clone());
+        let (fs, at, caught, done) = (fs.clone(), at.clone(), caught.clone(), done.clone());
         std::thread::spawn(move || {
-            let (mut seen, mut checks) = (Vec::new(), 0u64);
-            loop {
+            let mut seen = Vec::new();
+            while !done.load(Ordering::Acquire) {
                 let i = at.load(Ordering::Acquire);
-                if i >= STEPS {
-                    return (seen, checks);
-                }
                 if fs.lookup(dir, &name(i + 1)).unwrap().is_some() {
-                    checks += 1;
+                    caught.fetch_add(1, Ordering::Relaxed);
                     if fs.lookup(dir, &name(i)).unwrap().is_some() {
                         seen.push(i);
                     }
                 }
             }
+            seen
         })
     };
-    for i in 0..STEPS {
+    let mut i = 0;
+    while i < STEPS || (caught.load(Ordering::Relaxed) == 0 && i < 10 * STEPS) {
         fs.rename(dir, &name(i), dir, &name(i + 1), 0).unwrap();
         at.store(i + 1, Ordering::Release);
+        i += 1;
     }
-    let (seen, checks) = watcher.join().unwrap();
-    eprintln!("{checks} times the new name was found first; the old one with it {} times", seen.len());
+    done.store(true, Ordering::Release);
+    let seen = watcher.join().unwrap();
+    let checks = caught.load(Ordering::Relaxed);
+    eprintln!("{i} renames; {checks} times the new name was found first; the old one with it {} times", seen.len());
     // A watcher that never caught a rename between its two steps judged nothing
     // (a few thousand catches on two CPUs).
     assert!(checks > 0, "the watcher never found a new name before the renamer moved on");
