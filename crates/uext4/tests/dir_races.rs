@@ -60,13 +60,16 @@ struct Epoch {
 /// life runs from just after its create (or rename to it) returned to just
 /// before its unlink (or rename from it) was called. A listing that starts
 /// after a name's birth and ends before its death must hold it exactly once.
+/// (directory, name) → (born, dies).
+type LifeMap = std::collections::HashMap<(u32, Vec<u8>), (u64, u64)>;
+
 #[derive(Default)]
 struct Lives {
     clock: AtomicU64,
     /// Writers' names the listings were checked for.
     checked: AtomicU64,
-    /// (directory, name) → (born, dies), one map per writer.
-    by_writer: [std::sync::Mutex<std::collections::HashMap<(u32, Vec<u8>), (u64, u64)>>; WRITERS],
+    /// One map per writer.
+    by_writer: [std::sync::Mutex<LifeMap>; WRITERS],
 }
 
 impl Lives {
