@@ -34,6 +34,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use uext4::dev::{BlockDevice, Fault, FaultDevice, IoStats, MemDevice};
+use uext4::format::superblock::{Superblock, EXT4_ERROR_FS};
 use uext4::{Filesystem, Options, Owner, SetAttr, ROOT_INO};
 
 const OPS: usize = 2000;
@@ -107,6 +108,11 @@ struct Model {
     last_touch_ino: HashMap<u32, usize>,
     next_name: u32,
     total_bytes: usize,
+    /// The I/O-error phase's workload: fallocate's modes and unlinks of open
+    /// files as well (`one_extended_op`).
+    extended: bool,
+    /// How many of each of `one_extended_op`'s operations ran.
+    extended_done: [usize; 6],
 }
 
 impl Model {
@@ -178,6 +184,68 @@ impl Model {
     }
 }
 
+/// What the I/O-error phase adds to the workload: preallocation (keep-size),
+/// punched holes, zeroed ranges, collapsed and inserted ranges (4 KiB-aligned,
+/// as the kernel requires), and a file unlinked while open (it stays an
+/// orphan: the filesystem is dropped with it open, so recovery frees it).
+fn one_extended_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize) -> uext4::Result<()> {
+    use uext4::space::*;
+    const BLOCK: usize = 4096;
+    let Some((path, e)) = m.pick(rng, Kind::File) else { return Ok(()) };
+    let mut content = m.contents[&e.ino].clone();
+    let size = content.len();
+    let off = rng.below(size + 2 * BLOCK);
+    let len = 1 + rng.below(6 * BLOCK);
+    let only_name = m.entries.values().filter(|o| o.ino == e.ino).count() == 1;
+    m.touch(op, &path, Some(e.ino));
+    let kind = rng.below(6);
+    match kind {
+        0 => fs.fallocate(e.ino, off as u64, len as u64, FALLOC_FL_KEEP_SIZE)?,
+        1 => {
+            fs.fallocate(e.ino, off as u64, len as u64, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)?;
+            let end = (off + len).min(size);
+            if off < end {
+                content[off..end].fill(0);
+            }
+        }
+        2 => {
+            fs.fallocate(e.ino, off as u64, len as u64, FALLOC_FL_ZERO_RANGE)?;
+            if content.len() < off + len {
+                content.resize(off + len, 0);
+            }
+            content[off..off + len].fill(0);
+        }
+        // Collapse: whole blocks, ending before the end of the file.
+        3 if size > 2 * BLOCK => {
+            let blocks = size / BLOCK;
+            let at = rng.below(blocks - 1) * BLOCK;
+            let n = (1 + rng.below(blocks - 1 - at / BLOCK)) * BLOCK;
+            fs.fallocate(e.ino, at as u64, n as u64, FALLOC_FL_COLLAPSE_RANGE)?;
+            content.drain(at..at + n);
+        }
+        // Insert: whole blocks, starting before the end of the file.
+        4 if size > BLOCK => {
+            let at = rng.below(size / BLOCK) * BLOCK;
+            let n = (1 + rng.below(4)) * BLOCK;
+            fs.fallocate(e.ino, at as u64, n as u64, FALLOC_FL_INSERT_RANGE)?;
+            content.splice(at..at, std::iter::repeat_n(0u8, n));
+        }
+        // Unlink a file held open, its only name: an orphan until it is closed.
+        5 if only_name => {
+            fs.open_inode(e.ino)?;
+            fs.write(e.ino, size as u64, b"written while open")?;
+            fs.unlink(e.parent, e.name.as_bytes())?;
+            m.remove(&path);
+            m.extended_done[kind] += 1;
+            return Ok(());
+        }
+        _ => return Ok(()),
+    }
+    m.set_content(e.ino, content);
+    m.extended_done[kind] += 1;
+    Ok(())
+}
+
 /// Runs the workload until it ends or the device has been cut; returns the model.
 fn run_workload(fs: &Filesystem, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) -> Model {
     run_workload_then(fs, writes, is_cut, &|| {})
@@ -190,8 +258,19 @@ fn run_workload_then(
     is_cut: &dyn Fn() -> bool,
     after_op: &dyn Fn(),
 ) -> Model {
+    run_workload_with(fs, writes, is_cut, after_op, false)
+}
+
+/// `run_workload_then`, with `one_extended_op`'s operations mixed in when `extended`.
+fn run_workload_with(
+    fs: &Filesystem,
+    writes: &dyn Fn() -> u64,
+    is_cut: &dyn Fn() -> bool,
+    after_op: &dyn Fn(),
+    extended: bool,
+) -> Model {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut m = Model::default();
+    let mut m = Model { extended, ..Model::default() };
     m.dir_paths.insert(ROOT_INO, String::new());
     for op in 0..OPS {
         let result = one_op(fs, &mut m, &mut rng, op, writes);
@@ -207,6 +286,9 @@ fn run_workload_then(
 }
 
 fn one_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize, writes: &dyn Fn() -> u64) -> uext4::Result<()> {
+    if m.extended && rng.below(4) == 0 {
+        return one_extended_op(fs, m, rng, op);
+    }
     let crowded = m.entries.len() > 300 || m.total_bytes > 8 << 20;
     let roll = rng.below(100);
     match roll {
@@ -510,6 +592,10 @@ fn check_with_debugfs(image: &Path, promised: &[(String, Vec<u8>)], fault: Fault
 /// the test fails) and e2fsck -fn is silent.
 fn kernel_recovers(scratch: &Path, left: &[u8], promised: &[(String, Vec<u8>)], fault: Fault) {
     std::fs::write(scratch, left).unwrap();
+    // An image whose superblock records an error: the kernel's mount clears
+    // the orphan list without freeing its inodes ("Errors on filesystem,
+    // clearing orphan list"), which e2fsck then finds.
+    let with_errors = Superblock::parse(&left[1024..2048], false).is_ok_and(|sb| sb.s_state & EXT4_ERROR_FS != 0);
     let mount = oracle::Mount::new(scratch, "");
     for (path, content) in promised {
         let got = std::fs::read(mount.dir.join(path.trim_start_matches('/')))
@@ -522,7 +608,56 @@ fn kernel_recovers(scratch: &Path, left: &[u8], promised: &[(String, Vec<u8>)], 
         );
     }
     mount.unmount();
-    check_e2fsck(scratch, fault);
+    match with_errors {
+        true => check_e2fsck_after_the_kernels_error_handling(scratch, fault),
+        false => check_e2fsck(scratch, fault),
+    }
+}
+
+/// e2fsck -fn after the kernel mounted an image with an error recorded: it may
+/// report the orphans the kernel's mount dropped from the list (each "part of
+/// the orphaned inode list", or the list's last with a zero dtime) and the
+/// inodes and blocks those still hold in the bitmaps and counts, and nothing
+/// else: every inode the bitmaps hold too many is one of those orphans.
+fn check_e2fsck_after_the_kernels_error_handling(image: &Path, fault: Fault) {
+    let out = std::process::Command::new("e2fsck").arg("-fn").arg(image).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let number = |l: &str, after: &str| -> Option<u32> {
+        l.split(after).nth(1)?.split_whitespace().next()?.trim_end_matches('.').parse().ok()
+    };
+    let mut orphans = HashSet::new();
+    let mut leaked = Vec::new();
+    for l in text.lines().map(str::trim) {
+        if let Some(ino) = number(l, "Inode ").filter(|_| l.ends_with("was part of the orphaned inode list.  IGNORED."))
+        {
+            orphans.insert(ino);
+        } else if let Some(ino) = number(l, "Deleted inode ").filter(|_| l.contains("has zero dtime")) {
+            orphans.insert(ino);
+        } else if let Some(list) = l.strip_prefix("Inode bitmap differences:") {
+            for part in list.split_whitespace() {
+                let range = part.strip_prefix('-').unwrap_or_else(|| panic!("{fault:?}: an inode in use is free: {l}"));
+                let range = range.trim_start_matches('(').trim_end_matches(')');
+                let (a, b) = range.split_once("--").unwrap_or((range, range));
+                leaked.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap());
+            }
+        } else if let Some(list) = l.strip_prefix("Block bitmap differences:") {
+            assert!(list.split_whitespace().all(|p| p.starts_with('-')), "{fault:?}: a block in use is free: {l}");
+        } else {
+            let expected = l.is_empty()
+                || l.starts_with("Pass ")
+                || l.starts_with("e2fsck ")
+                || l.contains(" files (")
+                || l.starts_with("Inodes that were part of a corrupted orphan linked list found")
+                || l.starts_with("Fix? no")
+                || l.starts_with("Free blocks count wrong")
+                || l.starts_with("Free inodes count wrong")
+                || l.contains("WARNING: Filesystem still has errors");
+            assert!(expected, "{fault:?}: e2fsck -fn after the kernel's recovery says {l:?}:\n{text}");
+        }
+    }
+    for ino in &leaked {
+        assert!(orphans.contains(ino), "{fault:?}: inode {ino} is held but was no orphan:\n{text}");
+    }
 }
 
 /// Whether cut `i` of a phase is also recovered by the kernel: every
@@ -962,9 +1097,15 @@ fn io_options() -> Options {
 /// device (bitmaps, inode tables, directory and tree blocks), and read faults
 /// land in the middle of operations as often as write faults do.
 fn run_io_workload(fs: &Filesystem, writes: &dyn Fn() -> u64, is_cut: &dyn Fn() -> bool) -> Model {
-    run_workload_then(fs, writes, is_cut, &|| {
-        fs.drop_caches();
-    })
+    run_workload_with(
+        fs,
+        writes,
+        is_cut,
+        &|| {
+            fs.drop_caches();
+        },
+        true,
+    )
 }
 
 fn io_error_and_recover(base: &[u8], fault: Fault, scratch: &Path, kernel_too: bool) -> (usize, bool, bool) {
@@ -1034,9 +1175,12 @@ fn io_errors_in_the_middle_of_operations() {
     let dev = Arc::new(FaultDevice::new(Arc::new(MemDevice::new(base.clone())), Fault::None));
     let fs = Filesystem::open_device(dev.clone(), io_options()).unwrap();
     let (reads_open, writes_open) = (dev.reads(), dev.writes());
-    run_io_workload(&fs, &|| dev.writes(), &|| false);
+    let model = run_io_workload(&fs, &|| dev.writes(), &|| false);
     fs.sync().unwrap();
     let (reads, writes) = (dev.reads(), dev.writes());
+    // keep-size preallocation, punch, zero range, collapse, insert, unlink while open
+    eprintln!("extended operations in the reference run: {:?}", model.extended_done);
+    assert!(model.extended_done.iter().all(|&n| n >= 3), "{:?}", model.extended_done);
     drop(fs);
     let total: usize = std::env::var("UEXT4_CRASH_IO_ERRORS").ok().and_then(|v| v.parse().ok()).unwrap_or(IO_ERRORS);
     let spread = |from: u64, to: u64, n: usize| -> Vec<u64> {
