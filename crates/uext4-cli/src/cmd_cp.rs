@@ -276,7 +276,7 @@ impl CpArgs {
 
 /// `IMAGE:/path` names a place in an image; anything else is a host path.
 fn names_image(arg: &str) -> bool {
-    arg.contains(":/") || arg.ends_with(':')
+    Target::names_image(arg)
 }
 
 pub fn run(a: CpArgs) -> CliResult<()> {
@@ -306,6 +306,10 @@ fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> 
     let resolved = resolve(&fs, &a.source).context(cannot)?;
     let ino = resolved.existing(&a.source).context(cannot)?;
     let st = fs.stat(ino).context(cannot)?;
+    // GNU cp's words, naming the source (not the host path it would have made).
+    if st.file_type == FileType::Directory && !a.recursive {
+        return Err(Failure::refused(format!("cp: -r not specified; omitting directory {}", a.source.quoted())));
+    }
     let mut ex = Extractor {
         fs: &fs,
         links: HashMap::new(),

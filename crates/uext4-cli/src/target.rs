@@ -30,8 +30,23 @@ impl Target {
             None if arg.ends_with(':') => {
                 Ok(Target { image: PathBuf::from(&arg[..arg.len() - 1]), path: b"/".to_vec() })
             }
-            None => Ok(Target { image: PathBuf::from(arg), path: b"/".to_vec() }),
+            // IMAGE:path without the leading '/' (as scp takes a path): relative to
+            // the root, when IMAGE exists and the whole argument does not (an
+            // image's own name may hold a ':').
+            None => match relative_operand(arg) {
+                Some(i) => {
+                    let path = [b"/".as_slice(), &arg.as_bytes()[i + 1..]].concat();
+                    Ok(Target { image: PathBuf::from(&arg[..i]), path })
+                }
+                None => Ok(Target { image: PathBuf::from(arg), path: b"/".to_vec() }),
+            },
         }
+    }
+
+    /// Whether `arg` names a path in an image (`IMAGE:/path`, `IMAGE:`, or
+    /// `IMAGE:path` for an existing IMAGE) rather than a host path.
+    pub fn names_image(arg: &str) -> bool {
+        arg.contains(":/") || arg.ends_with(':') || relative_operand(arg).is_some()
     }
 
     pub fn shown(&self) -> String {
@@ -59,6 +74,14 @@ impl Target {
     pub fn quoted(&self) -> String {
         crate::show::quoted(&self.shown())
     }
+}
+
+/// Where the ':' of `IMAGE:path` is, for a path without its leading '/' (as scp
+/// takes one): when IMAGE exists and the whole argument does not (an image's
+/// own name may hold a ':').
+fn relative_operand(arg: &str) -> Option<usize> {
+    let i = arg.rfind(':')?;
+    (!std::path::Path::new(arg).exists() && std::path::Path::new(&arg[..i]).exists()).then_some(i)
 }
 
 /// What an operand's last component is.

@@ -171,6 +171,8 @@ fn refused_operands_leave_the_image_byte_for_byte() {
         (vec!["ln", "-s", "zz", "@/new/"], vec!["'@/new/'"], FailsWith("No such file or directory")),
         (vec!["mv", "@/dlink/", "@/x"], vec!["cannot move '@/dlink/'"], FailsWith("Not a directory")),
         (vec!["mv", "@/flink/", "@/x"], vec!["'@/flink/'"], FailsWith("Not a directory")),
+        // Copy-out of a directory without -r names the source, as GNU cp does.
+        (vec!["cp", "@/a", "%cpout"], vec!["-r not specified; omitting directory '@/a'"], Refuses),
         // GNU cp would overwrite; uext4's copy-in never does.
         (vec!["cp", "%h1", "%x/f", "@/sub/."], vec!["cannot copy", "into '@/sub/.': File exists"], Differs),
     ];
@@ -630,5 +632,30 @@ fn rm_of_an_operand_an_earlier_one_removed_says_enoent() {
     gnu.sort();
     assert_eq!(gnu, ["lost+found"]);
     drop(mount);
+    assert_e2fsck_clean(&image);
+}
+
+/// `IMAGE:path` without the leading '/' is a path from the root (as scp takes
+/// one) when IMAGE exists: `ls IMG:sub` lists /sub, `cp F IMG:sub/g` copies in
+/// (debugfs reads it), `cp IMG:sub/f F` copies out. An argument that exists as
+/// a whole stays a host file (an image's own name may hold a ':').
+#[test]
+fn an_image_path_without_its_leading_slash_starts_at_the_root() {
+    if !oracles(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = base_image(dir.path());
+    let img = image.display().to_string();
+    let listed = run(uext4().args(["ls", &format!("{img}:sub")]));
+    assert_eq!(listed.trim(), "f");
+    let host = dir.path().join("g.host");
+    fs::write(&host, b"copied in\n").unwrap();
+    run(uext4().args(["cp", host.to_str().unwrap(), &format!("{img}:sub/g")]));
+    let cat = run(Command::new("debugfs").arg("-R").arg("cat /sub/g").arg(&image));
+    assert!(cat.contains("copied in"), "{cat}");
+    let out = dir.path().join("f.out");
+    run(uext4().args(["cp", &format!("{img}:sub/f"), out.to_str().unwrap()]));
+    assert_eq!(fs::read(&out).unwrap(), b"the file f\n");
     assert_e2fsck_clean(&image);
 }
