@@ -628,3 +628,37 @@ fn block_mapped_files_stop_where_the_kernel_stops() {
         oracle::assert_e2fsck_clean(&image);
     }
 }
+
+/// ext4 has no depth limit: a chain of 5,000 directories (past the 4,096 the
+/// walk once refused as "a loop?") is walked whole, each path right, and
+/// e2fsck, which walks it too, is silent. A real loop is still caught by the
+/// walk's one-visit-per-directory rule.
+#[test]
+fn a_chain_of_5000_directories_is_walked_whole() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    uext4::mkfs::mkfs(&image, &uext4::mkfs::MkfsOptions { size: 128 << 20, ..Default::default() }).unwrap();
+    let fs = Filesystem::open(&image, rw()).unwrap();
+    let mut at = ROOT_INO;
+    for _ in 0..5_000 {
+        at = fs.mkdir(at, b"d", 0o755, ROOT).unwrap().ino;
+    }
+    let mut deepest = 0;
+    let mut dirs = 0;
+    fs.walk(ROOT_INO, &mut |path, st| {
+        if st.file_type == uext4::FileType::Directory && path.starts_with(b"/d") {
+            dirs += 1;
+            let depth = path.len() / 2;
+            assert_eq!(path, b"/d".repeat(depth).as_slice());
+            deepest = deepest.max(depth);
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!((dirs, deepest), (5_000, 5_000));
+    drop(fs);
+    oracle::assert_e2fsck_clean(&image);
+}

@@ -211,12 +211,44 @@ impl Filesystem {
         if st.file_type != FileType::Directory {
             return Ok(());
         }
-        let mut dirs_seen: HashSet<u32> = HashSet::from([start]);
-        let mut stack: Vec<(Vec<u8>, u32, usize)> = vec![(Vec::new(), start, 0)];
-        while let Some((prefix, dir, depth)) = stack.pop() {
-            if depth > 4096 {
-                return Err(Error::corrupt("directory tree deeper than 4096 levels (a loop?)", format!("inode {dir}")));
+        // Any depth (the kernel and e2fsck walk a chain of 16,000 directories):
+        // a directory reached twice ends the walk, so a loop cannot run on, and a
+        // directory waiting on the stack keeps only its name and a link to its
+        // parent's, so memory grows with the directories waiting, not with
+        // their depth times their number.
+        struct Waiting {
+            parent: Option<std::rc::Rc<Waiting>>,
+            name: Vec<u8>,
+        }
+        impl Drop for Waiting {
+            // Ancestors freed in a loop, not by recursion as deep as the tree.
+            fn drop(&mut self) {
+                let mut parent = self.parent.take();
+                while let Some(rc) = parent {
+                    parent = std::rc::Rc::try_unwrap(rc).ok().and_then(|mut w| w.parent.take());
+                }
             }
+        }
+        fn path_of(node: &Waiting) -> Vec<u8> {
+            let mut names = Vec::new();
+            let mut at = Some(node);
+            while let Some(n) = at {
+                names.push(n.name.as_slice());
+                at = n.parent.as_deref();
+            }
+            names.iter().rev().fold(Vec::new(), |mut path, name| {
+                if !name.is_empty() {
+                    path.push(b'/');
+                    path.extend_from_slice(name);
+                }
+                path
+            })
+        }
+        let mut dirs_seen: HashSet<u32> = HashSet::from([start]);
+        let root = std::rc::Rc::new(Waiting { parent: None, name: Vec::new() });
+        let mut stack: Vec<(std::rc::Rc<Waiting>, u32)> = vec![(root, start)];
+        while let Some((node, dir)) = stack.pop() {
+            let prefix = path_of(&node);
             for e in self.read_dir(dir)? {
                 if e.name == b"." || e.name == b".." {
                     continue;
@@ -233,7 +265,7 @@ impl Filesystem {
                             format!("entry {} in directory inode {dir}", String::from_utf8_lossy(&path)),
                         ));
                     }
-                    stack.push((path, e.ino, depth + 1));
+                    stack.push((std::rc::Rc::new(Waiting { parent: Some(node.clone()), name: e.name }), e.ino));
                 }
             }
         }
