@@ -328,6 +328,15 @@ impl Filesystem {
                     location,
                 }
             }
+            // The superblock's place is the region's, not the image's: say so.
+            Error::Corrupt { what, location } if opts.region != crate::dev::Region::Whole => {
+                let region = match opts.region {
+                    crate::dev::Region::Offset(at) => format!("the filesystem asked for at byte {at} of the image"),
+                    crate::dev::Region::Partition(n) => format!("partition {n}"),
+                    crate::dev::Region::Whole => unreachable!("matched above"),
+                };
+                Error::Corrupt { what, location: format!("{location} of {region}") }
+            }
             e => e,
         })?;
 
