@@ -286,6 +286,13 @@ pub fn run(a: CpArgs) -> CliResult<()> {
             crate::target::set_bypass_journal();
         }
         let dest = Target::parse(last).map_err(Failure::refused)?;
+        // A source in an image (and not a host path that merely looks like one).
+        if let Some(src) = a.paths[..a.paths.len() - 1].iter().find(|p| names_image(p) && !Path::new(p).exists()) {
+            return Err(Failure::refused(format!(
+                "cp: cannot copy '{src}' into an image: copying from an image into an image is not supported \
+                 (copy it out to a host directory, then in)"
+            )));
+        }
         let sources: Vec<PathBuf> = a.paths[..a.paths.len() - 1].iter().map(PathBuf::from).collect();
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // Threads allocate inodes and blocks in whatever order they run.

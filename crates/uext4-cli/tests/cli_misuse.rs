@@ -171,6 +171,8 @@ fn refused_operands_leave_the_image_byte_for_byte() {
         (vec!["ln", "-s", "zz", "@/new/"], vec!["'@/new/'"], FailsWith("No such file or directory")),
         (vec!["mv", "@/dlink/", "@/x"], vec!["cannot move '@/dlink/'"], FailsWith("Not a directory")),
         (vec!["mv", "@/flink/", "@/x"], vec!["'@/flink/'"], FailsWith("Not a directory")),
+        // From one image into another (or the same): said so, not "cannot stat".
+        (vec!["cp", "-r", "@/a", "@/acopy"], vec!["copying from an image into an image is not supported"], Differs),
         // Copy-out of a directory without -r names the source, as GNU cp does.
         (vec!["cp", "@/a", "%cpout"], vec!["-r not specified; omitting directory '@/a'"], Refuses),
         // GNU cp would overwrite; uext4's copy-in never does.
