@@ -5,7 +5,8 @@
 //! host path that already exists as a symlink is refused, so nothing is ever written
 //! outside HOSTDIR. Files are created with O_EXCL (which never follows a symlink),
 //! directories are checked to be real directories before entering them, and
-//! ownership and times are set without following links.
+//! ownership and times are set without following links. Only a file's data
+//! runs are read (SEEK_DATA/SEEK_HOLE in the image); its holes stay holes.
 
 use crate::show::{escape, CliResult, Context, Failure};
 use crate::target::{open_ro, resolve, Last, OpenArgs, Target};
@@ -274,20 +275,17 @@ impl CpArgs {
     }
 }
 
-/// `IMAGE:/path` names a place in an image; anything else is a host path.
-fn names_image(arg: &str) -> bool {
-    Target::names_image(arg)
-}
-
 pub fn run(a: CpArgs) -> CliResult<()> {
     let last = a.paths.last().expect("clap requires two paths");
-    if names_image(last) {
+    if Target::names_image(last) {
         if a.reproducible {
             crate::target::set_bypass_journal();
         }
         let dest = Target::parse(last).map_err(Failure::refused)?;
         // A source in an image (and not a host path that merely looks like one).
-        if let Some(src) = a.paths[..a.paths.len() - 1].iter().find(|p| names_image(p) && !Path::new(p).exists()) {
+        if let Some(src) =
+            a.paths[..a.paths.len() - 1].iter().find(|p| Target::names_image(p) && !Path::new(p).exists())
+        {
             return Err(Failure::refused(format!(
                 "cp: cannot copy '{src}' into an image: copying from an image into an image is not supported \
                  (copy it out to a host directory, then in)"
@@ -299,7 +297,7 @@ pub fn run(a: CpArgs) -> CliResult<()> {
         let jobs = if a.reproducible { 1 } else { a.jobs.unwrap_or(cpus).max(1) };
         return crate::cmd_put::copy_in(&sources, &dest, a.recursive, jobs);
     }
-    if a.paths.len() != 2 || !names_image(&a.paths[0]) {
+    if a.paths.len() != 2 || !Target::names_image(&a.paths[0]) {
         return Err(Failure::refused("cp needs IMAGE:/path HOSTDIR (copy out) or HOSTPATH... IMAGE:/path (copy in)"));
     }
     let source = Target::parse(&a.paths[0]).map_err(Failure::refused)?;

@@ -5,6 +5,9 @@
 //! extended attributes; file data streams in 1 MiB pieces, the host file's holes
 //! (SEEK_DATA/SEEK_HOLE) and all-zero 4 KiB pieces are left as holes. A file
 //! larger than the image's largest file is refused before its name is made.
+//! A file is read to its end whatever its stated size (files of /proc say 0
+//! bytes, files of /sys 4096), as GNU cp reads it; `DIR/.` copies what DIR
+//! holds into an existing destination directory.
 //! Sockets are skipped with a warning, as tar does. Every source and the
 //! destination are checked before anything is copied.
 
@@ -341,11 +344,12 @@ impl<'a> Importer<'a> {
     }
 }
 
-/// Whether host path `src` ends in a "." component (`DIR/.`): cp copies what
-/// is in such a directory, not the directory under its name.
-fn names_its_own_contents(src: &Path) -> bool {
+/// Whether host path `src` is a directory named with a final "." (`DIR/.`):
+/// cp copies what is in it, not the directory under its name.
+fn copies_contents(src: &Path) -> bool {
     let bytes = src.as_os_str().as_bytes();
-    bytes == b"." || bytes.ends_with(b"/.") || bytes.ends_with(b"/./")
+    let dotted = bytes == b"." || bytes.ends_with(b"/.") || bytes.ends_with(b"/./");
+    dotted && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir())
 }
 
 /// The names in host directory `src`, sorted (the order the copy makes them in).
@@ -407,18 +411,17 @@ fn copy_in_pass(
             Ok(m) if m.is_dir() && !recursive => {
                 refused.push(Failure::refused(format!("cp: -r not specified; omitting directory {shown}")))
             }
-            // `DIR/.` into a directory: its contents, as GNU cp copies them
-            // (each a new entry: one already there is refused now).
-            Ok(m) if m.is_dir() && into_dir.is_some() && names_its_own_contents(src) => {
-                let dir = into_dir.expect("matched above");
-                for child in host_children(src).map_err(|e| Failure::about(&cannot(), &e))? {
-                    if fs.lookup(dir, child.as_bytes()).context(cannot)?.is_some() {
-                        let e = Error::Exists(String::from_utf8_lossy(child.as_bytes()).into_owned());
-                        refused.push(Failure::about(&format!("cp: cannot copy {shown} into {}", dest.quoted()), &e))
+            Ok(_) => match (into_dir, src.file_name()) {
+                // `DIR/.` into a directory: its contents, as GNU cp copies them
+                // (each a new entry: one already there is refused now).
+                (Some(dir), _) if copies_contents(src) => {
+                    for child in host_children(src).context(cannot)? {
+                        if fs.lookup(dir, child.as_bytes()).context(cannot)?.is_some() {
+                            let e = Error::Exists(String::from_utf8_lossy(child.as_bytes()).into_owned());
+                            refused.push(Failure::about(&format!("cp: cannot copy {shown} into {}", dest.quoted()), &e))
+                        }
                     }
                 }
-            }
-            Ok(_) => match (into_dir, src.file_name()) {
                 (Some(_), None) => refused.push(Failure::refused(format!(
                     "cp: cannot copy {shown} into {}: it has no name of its own",
                     dest.quoted()
@@ -479,9 +482,7 @@ fn copy_in_pass(
         Ok(())
     };
     for src in sources {
-        let contents_only =
-            name.is_none() && names_its_own_contents(src) && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir());
-        if contents_only {
+        if name.is_none() && copies_contents(src) {
             for child in host_children(src).context(cannot)? {
                 copy_one(&mut im, &src.join(&child), child.as_bytes())?;
             }

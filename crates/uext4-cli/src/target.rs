@@ -3,7 +3,8 @@
 //!
 //! Every command resolves its operands with `resolve`, the way the kernel's path walk
 //! does: components before the last are followed (symlinks included) and must be
-//! directories, the last is looked up but not followed, and whether it is a name,
+//! directories, the last is looked up but not followed (unless the operand ends
+//! in '/', which follows a final symlink to a directory), and whether it is a name,
 //! `.`, `..` or the root is kept, so each command can refuse what it cannot act on
 //! (`rm -r IMG:/.`) before it changes anything, which `check_then_apply` makes
 //! true byte for byte.
@@ -23,7 +24,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// Splits `IMAGE:/path` at the last ':' followed by '/'; a bare IMAGE means "/".
+    /// Splits `IMAGE:/path` at the last ':' followed by '/'; a bare IMAGE means
+    /// "/", and `IMAGE:path` (IMAGE existing, the whole argument not) "/path".
     pub fn parse(arg: &str) -> std::result::Result<Target, String> {
         match arg.rfind(":/") {
             Some(i) => Ok(Target { image: PathBuf::from(&arg[..i]), path: arg.as_bytes()[i + 1..].to_vec() }),

@@ -329,13 +329,15 @@ impl Filesystem {
                 }
             }
             // The superblock's place is the region's, not the image's: say so.
-            Error::Corrupt { what, location } if opts.region != crate::dev::Region::Whole => {
-                let region = match opts.region {
-                    crate::dev::Region::Offset(at) => format!("the filesystem asked for at byte {at} of the image"),
-                    crate::dev::Region::Partition(n) => format!("partition {n}"),
-                    crate::dev::Region::Whole => unreachable!("matched above"),
+            Error::Corrupt { what, location } => {
+                let location = match opts.region {
+                    crate::dev::Region::Whole => location,
+                    crate::dev::Region::Offset(at) => {
+                        format!("{location} of the filesystem asked for at byte {at} of the image")
+                    }
+                    crate::dev::Region::Partition(n) => format!("{location} of partition {n}"),
                 };
-                Error::Corrupt { what, location: format!("{location} of {region}") }
+                Error::Corrupt { what, location }
             }
             e => e,
         })?;

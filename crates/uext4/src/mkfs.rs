@@ -9,7 +9,9 @@
 //! sparse), so they are already zero and the groups are marked ITABLE_ZEROED; on a
 //! device that is not a fresh file, they are zeroed explicitly.
 //!
-//! mkfs writes blocks directly to the device: nothing is mounted yet.
+//! mkfs writes blocks directly to the device: nothing is mounted yet. Over an
+//! existing file, the whole build first runs on a device that drops its writes,
+//! so every refusal comes before the file is truncated.
 
 use crate::dev::{BlockDevice, FileDevice};
 use crate::error::{Error, Result};

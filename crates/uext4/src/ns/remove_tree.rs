@@ -49,6 +49,9 @@
 //! - I/O: before a window, its table blocks are read in aligned 32-block runs,
 //!   one request each (`read_ahead_inode`), as the window uses them whole; a
 //!   pass reads the directory in runs of `DIR_READ_AHEAD_BLOCKS` the same way.
+//! - A directory whose blocks list names its lookups cannot find (a hash index
+//!   that no longer matches its leaves) would be passed over forever: after
+//!   `STUCK_LOOKUP_PASSES` passes in a row that remove nothing, `Corrupt`.
 //! - Hard links: an inode with names elsewhere only loses a link; shared
 //!   xattr blocks lose one reference per inode freed (`release_inode`).
 
@@ -251,7 +254,8 @@ impl Filesystem {
                 stack.pop();
                 continue;
             }
-            let (names_before, first) = (stats.names, chunk[0].0.clone());
+            let names_before = stats.names;
+            let first = chunk.first().map(|(e, _)| (e.name.clone(), e.ino)).unwrap_or_default();
             // Entries typed as directories wait for their descent; the rest
             // (and entries without a type) go in batches, which hand back
             // what turns out to be a directory.
@@ -287,8 +291,8 @@ impl Filesystem {
                         format!(
                             "directory lists '{}' (inode {}) but a lookup of that name does not find it (a damaged \
                              hash index?)",
-                            String::from_utf8_lossy(&first.name),
-                            first.ino
+                            String::from_utf8_lossy(&first.0),
+                            first.1
                         ),
                         format!("directory inode {dir}"),
                     ));
