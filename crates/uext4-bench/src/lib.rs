@@ -45,7 +45,7 @@ impl std::error::Error for BenchError {}
 requests through /dev/fuse), uext4-fuse-uring (through io_uring: switches on the fuse module's enable_uring),\n\
 kernel, fuse2fs, and uext4-nojournal, kernel-nojournal (images made with -O ^has_journal: with their journaled twins,\n\
 the tables show what journaling costs each). Tunables after a colon: uext4's options for its own kinds\n\
-(`uext4:hash_goal=on,cache_mb=16`; the mounts also `writeback_cache=on`, and uext4-fuse `threads=N`),\n\
+(`uext4:hash_goal=on,cache_mb=16`; the mounts also `writeback_cache=on`, and uext4-fuse `threads=N` and `splice_read=off`),\n\
 and for every kind `features=LIST`, added to the image's mkfs.ext4 -O\n\
 (`kernel:features=^inline_data`; `+` joins several).\n\
 Every run uses a fresh image from mkfs.ext4 -b 4096 and is checked with e2fsck -fn afterwards.")]

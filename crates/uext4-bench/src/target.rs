@@ -151,6 +151,16 @@ impl Target {
                 tunables.push((k.to_string(), v.to_string()));
                 continue;
             }
+            if k == SPLICE_READ {
+                if kind != TargetKind::Uext4Fuse {
+                    return Err(format!("target {name}: {k} is an option of the /dev/fuse mount (uext4-fuse)"));
+                }
+                if !matches!(v, "on" | "off") {
+                    return Err(format!("target {name}: {k}={v}: want on or off"));
+                }
+                tunables.push((k.to_string(), v.to_string()));
+                continue;
+            }
             if k == THREADS {
                 if kind != TargetKind::Uext4Fuse {
                     return Err(format!("target {name}: {k} is an option of the /dev/fuse mount (uext4-fuse)"));
@@ -256,6 +266,10 @@ const WRITEBACK_CACHE: &str = "writeback_cache";
 
 /// The /dev/fuse mount's worker threads: `uext4-fuse:threads=2`.
 const THREADS: &str = "threads";
+
+/// Whether the /dev/fuse mount splices read replies from the image (default
+/// on): `uext4-fuse:splice_read=off` measures the copy it saves.
+const SPLICE_READ: &str = "splice_read";
 
 /// The tunable every target takes: features for the image's mkfs.ext4 -O
 /// (`kernel:features=^inline_data`, `uext4:features=inline_data+^metadata_csum`).
@@ -710,6 +724,9 @@ mod tests {
         assert_eq!(Target::parse("uext4").unwrap().mkfs_features(), None);
         assert!(Target::parse("uext4-fuse-uring:writeback_cache=on").is_ok());
         assert!(Target::parse("uext4-fuse:threads=2").is_ok());
+        assert!(Target::parse("uext4-fuse:splice_read=off").is_ok());
+        assert!(Target::parse("uext4-fuse-uring:splice_read=off").is_err());
+        assert!(Target::parse("uext4-fuse:splice_read=maybe").is_err());
         assert!(Target::parse("uext4-fuse-uring:threads=2").is_err());
         assert!(Target::parse("uext4-fuse:threads=0").is_err());
         for bad in [

@@ -38,6 +38,8 @@ default) when the fuse module allows it (/sys/module/fuse/parameters/enable_urin
 on: always, switching that parameter on if needed (root), off: never\n  \
 writeback_cache=on|off the kernel's page cache holds writes and sends them in page runs;\n                         \
 it keeps files' size and mtime (default off)\n  \
+splice_read=on|off     /dev/fuse replies to reads spliced from the image: one copy of the\n                         \
+data instead of two (default on; io_uring replies are copied)\n  \
 commit=SECS            journal commit interval (default 5)\n  \
 cache_mb=N             buffer cache bound (default 256)\n  \
 errors=continue|remount-ro|panic   what an I/O error or inconsistency does, as the kernel's\n                         \
@@ -97,6 +99,7 @@ struct MountConfig {
     threads: usize,
     uring: UringMode,
     writeback_cache: bool,
+    splice_reads: bool,
     /// mount(2) flags beyond ro: nosuid and nodev unless `suid`/`dev` ask
     /// otherwise (as libfuse's defaults), noexec when asked.
     flags: libc::c_ulong,
@@ -137,6 +140,7 @@ fn parse_options(list: &[String]) -> Result<MountConfig> {
         threads: 4,
         uring: UringMode::Auto,
         writeback_cache: false,
+        splice_reads: true,
         flags: libc::MS_NOSUID | libc::MS_NODEV,
         atime: AtimeMode::Relatime,
     };
@@ -178,6 +182,13 @@ fn parse_options(list: &[String]) -> Result<MountConfig> {
                     "on" => true,
                     "off" => false,
                     _ => return Err(Error::Invalid(format!("writeback_cache={mode}: want on or off"))),
+                }
+            }
+            Some(("splice_read", mode)) => {
+                c.splice_reads = match mode {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(Error::Invalid(format!("splice_read={mode}: want on or off"))),
                 }
             }
             Some(("io_uring", mode)) => {
@@ -413,8 +424,23 @@ fn serve_session(
             io_error("io_uring=on: cannot switch on /sys/module/fuse/parameters/enable_uring".into(), e)
         })?;
     }
-    let dev = mount_fuse(image, mountpoint, read_only, config.flags, config.allow_other, config.allow_root)
-        .map_err(|e| io_error(format!("cannot mount on {}", mountpoint.display()), e))?;
+    // Spliced replies go through /dev/fuse only, and carry reads that fit the
+    // pipe this process may make: the kernel is told that limit (max_read).
+    let through_ring =
+        config.uring == UringMode::On || config.uring == UringMode::Auto && crate::fuse::uring::kernel_allows();
+    let spliced_read_max = match config.splice_reads && !through_ring {
+        true => crate::fuse::channel::spliced_read_max(crate::fuse::MAX_WRITE),
+        false => None,
+    };
+    let dev = mount_fuse(
+        image,
+        mountpoint,
+        read_only,
+        config.flags,
+        config.allow_other || config.allow_root,
+        spliced_read_max,
+    )
+    .map_err(|e| io_error(format!("cannot mount on {}", mountpoint.display()), e))?;
     let allowed = match (config.allow_other, config.allow_root) {
         (false, true) => Allowed::RootAndOwner(effective_ids().0),
         _ => Allowed::Everyone,
@@ -426,11 +452,12 @@ fn serve_session(
         threads: config.threads,
         uring: config.uring,
         writeback_cache: config.writeback_cache,
+        splice_reads: spliced_read_max.is_some(),
         abort: Arc::new(move || abort_connection(&abort_target)),
     };
     let signal_target = target.clone();
     let served = crate::fuse::run(server.clone(), dev, &session, || {
-        raise_readahead(&target);
+        raise_readahead(&target, spliced_read_max.unwrap_or(crate::fuse::MAX_WRITE));
         if let Some(mut told) = status.take() {
             let _ = writeln!(told, "mounted");
             detach_stdio();
@@ -478,12 +505,12 @@ fn mount_fuse(
     mountpoint: &Path,
     read_only: bool,
     flags: libc::c_ulong,
-    allow_other: bool,
-    allow_root: bool,
+    others: bool,
+    max_read: Option<u32>,
 ) -> std::io::Result<OwnedFd> {
-    let others = allow_other || allow_root;
+    let max_read = max_read.map(|n| format!(",max_read={n}")).unwrap_or_default();
     if crate::fuse::server::is_root() {
-        if let Some(dev) = mount_directly(image, mountpoint, read_only, flags, others)? {
+        if let Some(dev) = mount_directly(image, mountpoint, read_only, flags, others, &max_read)? {
             return Ok(dev);
         }
     }
@@ -497,6 +524,7 @@ fn mount_fuse(
     if others {
         options.push_str(",allow_other");
     }
+    options.push_str(&max_read);
     mount_with_fusermount(mountpoint, &options)
 }
 
@@ -507,6 +535,7 @@ fn mount_directly(
     read_only: bool,
     flags: libc::c_ulong,
     allow_other: bool,
+    max_read: &str,
 ) -> std::io::Result<Option<OwnedFd>> {
     let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?;
     let (uid, gid) = effective_ids();
@@ -514,6 +543,7 @@ fn mount_directly(
     if allow_other {
         data.push_str(",allow_other");
     }
+    data.push_str(max_read);
     let mut flags = flags;
     if read_only {
         flags |= libc::MS_RDONLY;
@@ -633,14 +663,15 @@ fn abort_connection(mountpoint: &Path) {
 
 /// FUSE mounts start with the kernel's default 128 KiB readahead, so a
 /// sequential read becomes a request per 128 KiB. A larger window (as root,
-/// through the mount's backing-device entry in sysfs) means fewer, larger reads.
+/// through the mount's backing-device entry in sysfs) means fewer, larger
+/// reads: one request's worth, `max_read` bytes.
 ///
 /// The device number comes from mountinfo: a stat of the mount point would be a
 /// FUSE request to this very daemon, which does not serve yet.
-fn raise_readahead(mountpoint: &Path) {
+fn raise_readahead(mountpoint: &Path, max_read: u32) {
     let Some(device) = mount_device(mountpoint) else { return };
     let knob = format!("/sys/class/bdi/{device}/read_ahead_kb");
-    if let Err(e) = std::fs::write(&knob, "1024") {
+    if let Err(e) = std::fs::write(&knob, (max_read / 1024).to_string()) {
         if crate::fuse::server::is_root() {
             report(&format!("cannot raise readahead ({knob}): {e}"));
         }

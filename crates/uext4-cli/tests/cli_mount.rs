@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -265,6 +265,12 @@ fn random_io(uring: bool, writeback_cache: bool) {
     drop(file);
     assert_transport(&m.dir, uring, 100);
     assert_writeback_cache(&m.dir, writeback_cache);
+    // Through /dev/fuse every read was spliced from the image (splice_read's default).
+    let (spliced, copied) = reads_by_kind(&m.dir);
+    eprintln!("reads: {spliced} spliced, {copied} copied");
+    if !uring {
+        assert!(spliced > 100 && copied == 0, "{spliced} reads spliced, {copied} copied");
+    }
     m.unmount();
     assert_e2fsck_clean(&image);
     let k = KernelMount::new(&image, "ro");
@@ -908,4 +914,76 @@ fn rm_r_inside_a_mount_runs_remove_tree_in_the_daemon() {
     run(Command::new("rm").arg("-rf").arg(m.dir.join("u")));
     m.unmount();
     assert_e2fsck_clean(&img);
+}
+
+/// Reads through /dev/fuse are spliced from the image (`splice_read`, on by
+/// default): every kind of byte a read can return — a file's data at odd
+/// offsets and lengths, holes, preallocated (unwritten) space, the tail of an
+/// inline file, the end of file — must be what the kernel's ext4 reads from
+/// the same image, spliced or copied, and the session must say which it did.
+#[test]
+fn spliced_reads_return_what_the_kernel_reads() {
+    if !fuse_oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", "inline_data"]).arg(&image).arg("64M"));
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut noise = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    };
+    let names = ["big", "sparse", "prealloc", "inline", "ragged"];
+    {
+        let k = KernelMount::new(&image, "");
+        fs::write(k.dir.join("big"), noise(3 << 20)).unwrap();
+        let sparse = File::create(k.dir.join("sparse")).unwrap();
+        sparse.write_all_at(&noise(5000), 4096 * 3 + 100).unwrap();
+        sparse.write_all_at(&noise(70_000), 1 << 20).unwrap();
+        sparse.set_len((2 << 20) + 123).unwrap();
+        let prealloc = File::create(k.dir.join("prealloc")).unwrap();
+        // SAFETY: fallocate on a descriptor we hold; the result is checked.
+        let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&prealloc), 0, 0, 1 << 20) };
+        assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
+        prealloc.write_all_at(&noise(9000), 300_000).unwrap();
+        fs::write(k.dir.join("inline"), noise(45)).unwrap();
+        fs::write(k.dir.join("ragged"), noise(3 * 4096 + 7)).unwrap();
+    }
+    let expected: Vec<Vec<u8>> = {
+        let k = KernelMount::new(&image, "ro");
+        names.iter().map(|n| fs::read(k.dir.join(n)).unwrap()).collect()
+    };
+    assert_e2fsck_clean(&image);
+    for splice in ["on", "off"] {
+        let m = UextMount::new(&image, &format!("io_uring=off,splice_read={splice}"));
+        for (name, want) in names.iter().zip(&expected) {
+            let path = m.dir.join(name);
+            assert!(fs::read(&path).unwrap() == *want, "splice_read={splice}: {name} read whole");
+            // O_DIRECT sends the reader's own offsets and lengths to the daemon.
+            let direct = OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&path).unwrap();
+            let size = want.len() as u64;
+            for (at, len) in [(0, 1), (1, 4095), (4095, 2), (12_345, 100_000), (size.saturating_sub(3), 10), (size, 5)]
+            {
+                let mut buf = vec![0xa5u8; len];
+                let n = direct.read_at(&mut buf, at).unwrap();
+                let expect = &want[(at as usize).min(want.len())..((at as usize) + len).min(want.len())];
+                assert_eq!(n, expect.len(), "splice_read={splice}: {name}: {len} bytes at {at}");
+                assert!(buf[..n] == *expect, "splice_read={splice}: {name}: {len} bytes at {at} differ");
+            }
+        }
+        let (spliced, copied) = reads_by_kind(&m.dir);
+        match splice {
+            "on" => assert!(spliced >= 20 && copied == 0, "splice_read=on: {spliced} reads spliced, {copied} copied"),
+            _ => assert!(spliced == 0 && copied >= 20, "splice_read=off: {spliced} spliced, {copied} copied"),
+        }
+        m.unmount();
+    }
+    assert_e2fsck_clean(&image);
 }

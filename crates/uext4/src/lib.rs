@@ -146,10 +146,11 @@ pub mod volume;
 pub mod xattr;
 
 pub use alloc::{DirReserve, Owner};
-pub use dev::{BlockDevice, BoundedDevice, FileDevice, IoStats, MemDevice, Region};
+pub use dev::{BlockDevice, BoundedDevice, FileDevice, HostRange, IoStats, MemDevice, Region};
 pub use dir::DirEntryOwned as DirEntry;
 pub use error::{Error, Result};
 pub use file::space;
+pub use file::{ReadPiece, ReadPlan};
 pub use format::inode::Timestamp;
 pub use fs::{Errors, Filesystem, Options};
 pub use ns::change::SetAttr;

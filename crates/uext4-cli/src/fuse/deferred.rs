@@ -122,7 +122,7 @@ impl Deferred {
         let mut none = [0u8; 0];
         let mut payload = Payload::new(&mut none);
         let error = match Op::parse(h.opcode, &[0u8; 16], &[]) {
-            Ok(op) => self.server.serve(&h, op, &mut payload).unwrap_or(0),
+            Ok(op) => self.server.serve(&h, op, &mut payload, None).unwrap_or(0),
             Err(_) => libc::EINVAL,
         };
         match job.reply {

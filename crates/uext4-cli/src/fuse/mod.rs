@@ -17,9 +17,9 @@ pub mod server;
 pub mod uring;
 
 use abi::{InHeader, Op, Payload};
-use channel::{Device, Received};
+use channel::{Device, Received, SplicedReplies};
 use deferred::{Deferred, ReplyTo};
-use server::Uext4Fuse;
+use server::{ReadReplier, Uext4Fuse};
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,6 +54,9 @@ pub struct SessionConfig {
     /// its write-back, and the kernel keeps a regular file's size and mtime,
     /// sending them back with a SETATTR when it writes the inode.
     pub writeback_cache: bool,
+    /// Send READ replies through /dev/fuse by splice from the image (one copy
+    /// of the data instead of two); io_uring replies are always copied.
+    pub splice_reads: bool,
     /// Ends the session from outside (aborts the connection), for failures
     /// that would otherwise leave requests waiting forever.
     pub abort: Arc<dyn Fn() + Send + Sync>,
@@ -136,11 +139,17 @@ fn reply(dev: &Device, h: &InHeader, error: i32, payload: &[u8]) -> io::Result<(
 
 /// Serves requests read from `dev` until the session ends; those that wait on
 /// the journal go to `deferred`, which replies in their place.
-fn serve_device(server: &Uext4Fuse, dev: &Device, deferred: &Arc<Deferred>) -> io::Result<()> {
+fn serve_device(server: &Uext4Fuse, dev: &Device, deferred: &Arc<Deferred>, splice_reads: bool) -> io::Result<()> {
     let mut request = vec![0u8; REQUEST_BUFFER];
     let mut out = vec![0u8; REQUEST_BUFFER];
     // Deferred replies must be written where their request was read.
     let replies = Arc::new(dev.duplicate()?);
+    let mut spliced = match splice_reads {
+        true => SplicedReplies::new(dev)
+            .map_err(|e| server.log(&format!("no pipe for spliced reads ({e}); reads are copied")))
+            .ok(),
+        false => None,
+    };
     loop {
         let n = match dev.receive(&mut request)? {
             Received::Request(n) => n,
@@ -157,7 +166,7 @@ fn serve_device(server: &Uext4Fuse, dev: &Device, deferred: &Arc<Deferred>) -> i
         let (fixed, rest) = body.split_at(split);
         let mut payload = Payload::new(&mut out[abi::OUT_HEADER_LEN..]);
         let answer = match Op::parse(h.opcode, fixed, rest) {
-            Ok(op) => server.serve(&h, op, &mut payload),
+            Ok(op) => server.serve(&h, op, &mut payload, spliced.as_mut().map(|s| s as &mut dyn ReadReplier)),
             Err(e) => {
                 server.log(&format!("malformed request (opcode {}): {}", h.opcode, e.0));
                 Some(libc::EINVAL)
@@ -196,8 +205,10 @@ pub fn run(server: Arc<Uext4Fuse>, dev: OwnedFd, config: &SessionConfig, ready: 
     // worker's own code ends that worker, and the others serve on until the
     // unmount, after which everything is written back all the same.
     let guarded = |server: &Uext4Fuse, d: &Device| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_device(server, d, &deferred)))
-            .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve_device(server, d, &deferred, config.splice_reads)
+        }))
+        .unwrap_or_else(|_| Err(io::Error::other("a FUSE worker panicked")))
     };
     let result = std::thread::scope(|s| {
         let workers: Vec<_> = devices

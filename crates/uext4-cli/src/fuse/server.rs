@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use uext4::format::inode::Timestamp;
 use uext4::ns::change::now;
-use uext4::{Filesystem, Owner, SetAttr, Stat, ROOT_INO};
+use uext4::{Filesystem, Owner, ReadPlan, SetAttr, Stat, ROOT_INO};
 
 pub const TUNE_XATTR: &str = "trusted.uext4.tune";
 pub const TUNABLES_XATTR: &str = "trusted.uext4.tunables";
@@ -77,6 +77,17 @@ pub enum Allowed {
 /// the payload written so far (0: success).
 pub type Answer = Option<i32>;
 
+/// A transport that can send a READ's reply from a plan of the read (the
+/// image's pages passed on by reference) instead of a copy in the payload.
+pub trait ReadReplier {
+    /// Sends the reply to request `unique` holding the plan's bytes.
+    /// `Ok(false)`: nothing was sent (the plan does not fit), reply by copy.
+    ///
+    /// # Errors
+    /// The transport failed before sending anything; the caller replies by copy.
+    fn reply_from_plan(&mut self, unique: u64, plan: &ReadPlan) -> std::io::Result<bool>;
+}
+
 struct Entry {
     ino: u32,
     /// d_type, as FUSE's dirent carries it.
@@ -94,6 +105,9 @@ pub struct Uext4Fuse {
     allowed: Allowed,
     /// Requests answered through the io_uring queues and through /dev/fuse.
     ring_requests: AtomicU64,
+    /// READs answered by splice from the image, and by a copy.
+    spliced_reads: AtomicU64,
+    copied_reads: AtomicU64,
     device_requests: AtomicU64,
     /// Errors go here once the session runs (stderr, or syslog when detached).
     log: fn(&str),
@@ -204,6 +218,8 @@ impl Uext4Fuse {
             next_handle: AtomicU64::new(1),
             allowed,
             ring_requests: AtomicU64::new(0),
+            spliced_reads: AtomicU64::new(0),
+            copied_reads: AtomicU64::new(0),
             device_requests: AtomicU64::new(0),
             log,
             failed: AtomicBool::new(false),
@@ -274,7 +290,7 @@ impl Uext4Fuse {
 
     /// Answers one request as `handle` does, containing a panic: the caller
     /// gets EIO instead of waiting forever, and the image is changed no more.
-    pub fn serve(&self, h: &InHeader, op: Op, out: &mut Payload) -> Answer {
+    pub fn serve(&self, h: &InHeader, op: Op, out: &mut Payload, reads: Option<&mut dyn ReadReplier>) -> Answer {
         if self.has_failed() && changes(&op) {
             return Some(libc::EROFS);
         }
@@ -283,7 +299,7 @@ impl Uext4Fuse {
             // The library judges who may take the reserved blocks by the caller,
             // as the kernel's ext4 judges the task behind a write.
             let _caller = self.fs.acting_as(Owner { uid: h.uid, gid: h.gid });
-            let answer = self.handle(h, op, out);
+            let answer = self.handle(h, op, out, reads);
             if self.panic_on == Some(h.opcode) && !self.panicked_once.swap(true, Ordering::Relaxed) {
                 panic!("test hook: opcode {} panics after it was served", h.opcode);
             }
@@ -512,6 +528,11 @@ impl Uext4Fuse {
             self.ring_requests.load(Ordering::Relaxed),
             self.device_requests.load(Ordering::Relaxed)
         ));
+        text.push_str(&format!(
+            "# reads so far: {} spliced from the image, {} copied\n",
+            self.spliced_reads.load(Ordering::Relaxed),
+            self.copied_reads.load(Ordering::Relaxed)
+        ));
         let writeback = if self.writeback_cache.load(Ordering::Relaxed) { "on" } else { "off" };
         text.push_str(&format!("# write-back cache: {writeback}\n"));
         text
@@ -539,8 +560,44 @@ impl Uext4Fuse {
         }
     }
 
-    /// Answers one request, writing the reply's payload into `out`.
-    fn handle(&self, h: &InHeader, op: Op, out: &mut Payload) -> Answer {
+    /// Serves a READ through a transport that sends the plan's pieces itself.
+    /// `None`: it could not (the read does not fit its pipe, or the plan
+    /// names bytes it cannot pass on), and the caller replies by copy.
+    fn read_by_plan(
+        &self,
+        h: &InHeader,
+        ino: u32,
+        offset: u64,
+        want: usize,
+        open_flags: u32,
+        replier: &mut dyn ReadReplier,
+    ) -> Option<Answer> {
+        // The atime goes first, as the plan holds the inode's mapping lock
+        // that setattr takes exclusive; a reader's next stat still sees it.
+        if open_flags & libc::O_ACCMODE as u32 != libc::O_WRONLY as u32 {
+            self.touch_atime(ino);
+        }
+        let plan = match self.fs.plan_read(ino, offset, want) {
+            Ok(plan) => plan,
+            Err(e) => return Some(Some(errno(&e))),
+        };
+        match replier.reply_from_plan(h.unique, &plan) {
+            // Replied: nothing more to send.
+            Ok(true) => {
+                self.spliced_reads.fetch_add(1, Ordering::Relaxed);
+                Some(None)
+            }
+            Ok(false) => None,
+            Err(e) => {
+                self.log(&format!("spliced reply to a read of inode {ino}: {e}; replying by copy"));
+                None
+            }
+        }
+    }
+
+    /// Answers one request, writing the reply's payload into `out` (or, for a
+    /// READ, sending it through `reads` when given: then the answer is `None`).
+    fn handle(&self, h: &InHeader, op: Op, out: &mut Payload, reads: Option<&mut dyn ReadReplier>) -> Answer {
         let ino = ext_ino(h.nodeid);
         if let Allowed::RootAndOwner(owner) = self.allowed {
             // What the kernel sends on its own account (readahead, writeback,
@@ -638,6 +695,12 @@ impl Uext4Fuse {
             Op::Release => Some(0),
             Op::Read { offset, size, open_flags } => {
                 let want = (size as usize).min(out.capacity());
+                if let Some(replier) = reads {
+                    if let Some(answer) = self.read_by_plan(h, ino, offset, want, open_flags, replier) {
+                        return answer;
+                    }
+                }
+                self.copied_reads.fetch_add(1, Ordering::Relaxed);
                 match self.fs.read(ino, offset, &mut out.spare()[..want]) {
                     Ok(n) => {
                         out.advance(n);

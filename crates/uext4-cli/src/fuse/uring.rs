@@ -279,7 +279,7 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
         // The data stays where the kernel put it; the short reply goes aside.
         let mut out = Payload::new(&mut small[..]);
         let error = match Op::parse(h.opcode, fixed, &e.payload[..payload_sz]) {
-            Ok(op) => server.serve(&h, op, &mut out).unwrap_or(0),
+            Ok(op) => server.serve(&h, op, &mut out, None).unwrap_or(0),
             Err(_) => libc::EINVAL,
         };
         let len = out.len();
@@ -291,7 +291,7 @@ fn answer(server: &Uext4Fuse, e: &mut Entry, scratch: &mut Vec<u8>, small: &mut 
         scratch.extend_from_slice(&e.payload[..payload_sz]);
         let mut out = Payload::new(&mut e.payload);
         let error = match Op::parse(h.opcode, fixed, scratch) {
-            Ok(op) => server.serve(&h, op, &mut out).unwrap_or(0),
+            Ok(op) => server.serve(&h, op, &mut out, None).unwrap_or(0),
             Err(_) => libc::EINVAL,
         };
         (error, out.len())

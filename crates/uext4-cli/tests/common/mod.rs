@@ -243,3 +243,12 @@ pub fn assert_transport(mount: &Path, uring: bool, at_least: u64) {
         assert!(ring == 0 && device > at_least, "io_uring=off, yet: {line}");
     }
 }
+
+/// READs answered so far (`uext4 tune`'s session line): spliced from the
+/// image, and copied.
+pub fn reads_by_kind(mount: &Path) -> (u64, u64) {
+    let listed = run(uext4().arg("tune").arg(mount));
+    let line = listed.lines().find(|l| l.starts_with("# reads so far")).unwrap_or_else(|| panic!("{listed}"));
+    let numbers: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    (numbers[0], numbers[1])
+}

@@ -24,6 +24,7 @@ pub use partition::{starts_with_partition_table, BoundedDevice, Region};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,6 +62,26 @@ pub trait BlockDevice: Send + Sync {
     fn io_model(&self) -> Option<&Arc<IoModel>> {
         None
     }
+    /// Where the `len` bytes at `offset` lie in a host file the caller may read
+    /// itself, to pass file data on without copying it (a FUSE reply spliced from
+    /// the image). The bytes count as read once this returns them. `None` (the
+    /// default) for a device whose bytes are not a file's, or that must serve
+    /// every read itself (fault injection, overlays).
+    ///
+    /// # Errors
+    /// `Corrupt` for a range past the end, as [`BlockDevice::read_at`].
+    fn host_range(&self, offset: u64, len: usize) -> Result<Option<HostRange<'_>>> {
+        let _ = (offset, len);
+        Ok(None)
+    }
+}
+
+/// Bytes of a device as they lie in a host file: that file, and the byte
+/// offset in it.
+#[derive(Clone, Copy, Debug)]
+pub struct HostRange<'a> {
+    pub file: BorrowedFd<'a>,
+    pub offset: u64,
 }
 
 /// Counters of I/O requests and bytes since the device was opened.
@@ -247,6 +268,12 @@ impl BlockDevice for FileDevice {
 
     fn in_use(&self) -> Option<String> {
         self.others.clone()
+    }
+
+    fn host_range(&self, offset: u64, len: usize) -> Result<Option<HostRange<'_>>> {
+        check_range(offset, len, self.size)?;
+        self.counters.read(len);
+        Ok(Some(HostRange { file: self.file.as_fd(), offset }))
     }
 }
 

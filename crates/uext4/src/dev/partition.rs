@@ -10,7 +10,7 @@
 //! header and entry array checked by their CRC32) and a damaged one is a
 //! `Corrupt` error, never a guess.
 
-use super::{BlockDevice, IoModel, IoStats};
+use super::{BlockDevice, HostRange, IoModel, IoStats};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -104,6 +104,10 @@ impl BlockDevice for BoundedDevice {
 
     fn io_model(&self) -> Option<&Arc<IoModel>> {
         self.inner.io_model()
+    }
+
+    fn host_range(&self, offset: u64, len: usize) -> Result<Option<HostRange<'_>>> {
+        self.inner.host_range(self.outer(offset, len)?, len)
     }
 }
 

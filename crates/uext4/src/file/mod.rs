@@ -9,6 +9,7 @@
 //! commit of the metadata that maps it.
 
 mod read;
+pub use read::{ReadPiece, ReadPlan};
 mod shift;
 pub mod space;
 mod truncate;

@@ -1,14 +1,83 @@
 //! Reading file contents: mapped runs are read straight from the device (file data
 //! does not go through the metadata cache), holes and unwritten extents read as
 //! zeros, and inline files come from the inode.
+//!
+//! `plan_read` maps a read without doing it, for a caller that passes the
+//! image's pages on without copying them (the mount's spliced replies); the
+//! plan keeps the inode's mapping lock, so what it names stays the file's.
 
+use crate::dev::HostRange;
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
 use crate::format::inode::{Inode, EXT4_INLINE_DATA_FL};
 use crate::fs::Filesystem;
+use crate::locks::RwHeld;
 
 /// Longest run read from the device in one request.
 const MAX_RUN_BLOCKS: u64 = 256;
+
+/// A stretch of a read, as `for_each_run` finds it.
+enum Run<'a> {
+    Zeros(usize),
+    Inline(&'a [u8]),
+    Device { pos: u64, len: usize },
+}
+
+impl Run<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Run::Zeros(n) => *n,
+            Run::Inline(bytes) => bytes.len(),
+            Run::Device { len, .. } => *len,
+        }
+    }
+}
+
+/// A read mapped but not done (`Filesystem::plan_read`): its pieces in order,
+/// and the inode's mapping lock, held until the plan is dropped.
+pub struct ReadPlan<'fs> {
+    _mapping: RwHeld<'fs>,
+    pieces: Vec<ReadPiece<'fs>>,
+}
+
+/// One piece of a planned read.
+#[derive(Debug)]
+pub enum ReadPiece<'fs> {
+    /// This many zero bytes (a hole, an unwritten extent, past an inline file's data).
+    Zeros(usize),
+    /// Bytes already in memory (inline data, or a device that is not a host file).
+    Bytes(Vec<u8>),
+    /// This many bytes of a host file, from the range's offset.
+    Host(HostRange<'fs>, usize),
+}
+
+impl ReadPiece<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            ReadPiece::Zeros(n) | ReadPiece::Host(_, n) => *n,
+            ReadPiece::Bytes(bytes) => bytes.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<'fs> ReadPlan<'fs> {
+    pub fn pieces(&self) -> &[ReadPiece<'fs>] {
+        &self.pieces
+    }
+
+    /// Bytes the read returns (0 at or past EOF).
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(ReadPiece::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 impl Filesystem {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many (0 at or past EOF).
@@ -26,23 +95,84 @@ impl Filesystem {
     }
 
     pub(crate) fn read_inode_data(&self, ino: u32, inode: &Inode, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let mut done = 0usize;
+        self.for_each_run(ino, inode, offset, buf.len(), |run| {
+            let n = run.len();
+            let dst = &mut buf[done..done + n];
+            match run {
+                Run::Zeros(_) => dst.fill(0),
+                Run::Inline(bytes) => dst.copy_from_slice(bytes),
+                Run::Device { pos, .. } => self.vol.cache.device().read_at(pos, dst)?,
+            }
+            done += n;
+            Ok(())
+        })?;
+        Ok(done)
+    }
+
+    /// Maps up to `len` bytes at `offset` without reading them: the pieces a
+    /// reply made of them holds, in order. The plan holds the inode's mapping
+    /// lock until dropped, so no block it names is freed and reused meanwhile:
+    /// a caller passing the host file's pages on by reference (splice) must be
+    /// done with them before dropping it.
+    ///
+    /// # Errors
+    /// As [`Filesystem::read`].
+    pub fn plan_read(&self, ino: u32, offset: u64, len: usize) -> Result<ReadPlan<'_>> {
+        let mapping = self.inode_locks.read(ino as u64);
+        let inode = self.inode(ino)?;
+        let device = self.vol.cache.device();
+        let mut pieces = Vec::new();
+        self.for_each_run(ino, &inode, offset, len, |run| {
+            let piece = match run {
+                Run::Zeros(n) => ReadPiece::Zeros(n),
+                Run::Inline(bytes) => ReadPiece::Bytes(bytes.to_vec()),
+                Run::Device { pos, len } => match device.host_range(pos, len)? {
+                    Some(range) => ReadPiece::Host(range, len),
+                    None => {
+                        let mut bytes = vec![0u8; len];
+                        device.read_at(pos, &mut bytes)?;
+                        ReadPiece::Bytes(bytes)
+                    }
+                },
+            };
+            pieces.push(piece);
+            Ok(())
+        })?;
+        Ok(ReadPlan { _mapping: mapping, pieces })
+    }
+
+    /// Walks the bytes a read of `len` at `offset` returns, in runs: zeros
+    /// (holes, unwritten extents, an inline file's tail), inline bytes, device
+    /// ranges. The runs end at EOF. The caller holds the inode's mapping lock.
+    fn for_each_run(
+        &self,
+        ino: u32,
+        inode: &Inode,
+        offset: u64,
+        len: usize,
+        mut each: impl FnMut(Run<'_>) -> Result<()>,
+    ) -> Result<()> {
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("inode {ino}")));
         }
         if offset >= inode.i_size {
-            return Ok(0);
+            return Ok(());
         }
-        let want = (buf.len() as u64).min(inode.i_size - offset) as usize;
-        let buf = &mut buf[..want];
+        let want = (len as u64).min(inode.i_size - offset) as usize;
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
             let data = self.inline_data(ino, inode)?;
             // i_size may claim more than is stored; clamp so the slice stays in range.
             let start = (offset.min(data.len() as u64)) as usize;
             let avail = (data.len() - start).min(want);
-            buf[..avail].copy_from_slice(&data[start..start + avail]);
+            if avail > 0 {
+                each(Run::Inline(&data[start..start + avail]))?;
+            }
             // Past the stored bytes an inline file reads as zeros (as the kernel does).
-            buf[avail..].fill(0);
-            return Ok(want);
+            if want > avail {
+                each(Run::Zeros(want - avail))?;
+            }
+            return Ok(());
         }
         let bs = self.vol.geo.block_size as u64;
         let mut done = 0usize;
@@ -53,14 +183,13 @@ impl Filesystem {
             let blocks_needed = (in_block + (want - done) as u64).div_ceil(bs);
             let m = self.map_blocks(ino, inode, lblk, blocks_needed.min(MAX_RUN_BLOCKS))?;
             let run_bytes = (m.len * bs - in_block).min((want - done) as u64) as usize;
-            let dst = &mut buf[done..done + run_bytes];
             match m.kind {
-                MapKind::Hole | MapKind::Unwritten(_) => dst.fill(0),
-                MapKind::Mapped(pblk) => self.vol.cache.device().read_at(pblk * bs + in_block, dst)?,
+                MapKind::Hole | MapKind::Unwritten(_) => each(Run::Zeros(run_bytes))?,
+                MapKind::Mapped(pblk) => each(Run::Device { pos: pblk * bs + in_block, len: run_bytes })?,
             }
             done += run_bytes;
         }
-        Ok(done)
+        Ok(())
     }
 
     /// The whole content of a file (or symlink) as bytes.

@@ -290,6 +290,14 @@ impl BlockDevice for TracedDevice {
     fn io_model(&self) -> Option<&Arc<IoModel>> {
         Some(&self.model)
     }
+
+    fn host_range(&self, offset: u64, len: usize) -> Result<Option<super::HostRange<'_>>> {
+        let range = self.inner.host_range(offset, len)?;
+        if range.is_some() {
+            self.model.record(Direction::Read, offset, len as u64);
+        }
+        Ok(range)
+    }
 }
 
 #[cfg(test)]
