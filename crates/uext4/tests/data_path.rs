@@ -934,3 +934,45 @@ fn fsx_with_collapse_and_insert_at_three_zero_out_lengths() {
         assert!(std::fs::read(m.dir.join("fsx")).unwrap() == model, "zero-out {zeroout}: the kernel reads other bytes");
     }
 }
+
+/// A write after many small files were deleted around the goal takes a run
+/// that holds it whole, as the kernel's mballoc does, instead of crumbling into
+/// the one-block holes they left: 3,000 one-block files, every third deleted,
+/// then one 100,000-byte write (25 blocks) into a new file lies in one extent
+/// in debugfs's view, and so does a 2-block file; e2fsck -fn silent.
+#[test]
+fn a_write_takes_a_run_that_fits_rather_than_the_holes_deleted_files_left() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    mkfs(&image, "256M");
+    {
+        let fs = open_rw(&image, 0);
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        let mut files = Vec::new();
+        for i in 0..3000 {
+            let name = format!("f{i}");
+            let ino = fs.create(d, name.as_bytes(), 0o644, ROOT).unwrap().ino;
+            fs.write(ino, 0, &[7u8; 100]).unwrap();
+            files.push(name);
+        }
+        fs.sync().unwrap();
+        for name in files.iter().step_by(3) {
+            fs.unlink(d, name.as_bytes()).unwrap();
+        }
+        fs.sync().unwrap();
+        let big = fs.create(d, b"big", 0o644, ROOT).unwrap().ino;
+        fs.write(big, 0, &random_bytes(1, 100_000)).unwrap();
+        let small = fs.create(d, b"small", 0o644, ROOT).unwrap().ino;
+        fs.write(small, 0, &random_bytes(2, 5000)).unwrap();
+        fs.sync().unwrap();
+    }
+    oracle::assert_e2fsck_clean(&image);
+    let big = extents(&image, "/d/big");
+    assert_eq!(big.len(), 1, "debugfs's extents of a 25-block file: {big:?}");
+    assert_eq!(big[0].1 - big[0].0 + 1, 25, "{big:?}");
+    let small = extents(&image, "/d/small");
+    assert_eq!(small.len(), 1, "debugfs's extents of a 2-block file: {small:?}");
+}

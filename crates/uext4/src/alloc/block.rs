@@ -1,12 +1,20 @@
 //! The block allocator: goal-directed, one group at a time under its lock.
 //!
 //! Search starts in the goal's group at the goal (after a file's last block for an
-//! append, near its inode otherwise) and takes the free run there (or the next one)
-//! up to the request, then moves on group by group. Runs come from each group's
-//! free-run map (`FreeRuns`), so no allocation walks the bitmap bit by bit. The reserved blocks
+//! append, near its inode otherwise). It takes the free run at the goal when that
+//! holds the whole request, else the first run after it that does, else the
+//! longest (`FreeRuns::take`), so a request never crumbles into the holes deleted
+//! files left while a run that fits exists; a group with no run of `GOOD_RUN`
+//! blocks is passed over for one that has, before any crumbs are taken. Runs come
+//! from each group's free-run map (`FreeRuns`), so no allocation walks the bitmap
+//! bit by bit. The reserved blocks
 //! (s_r_blocks_count) go only to a privileged caller (see `alloc`).
 
 use crate::alloc::{Allocator, FreeRuns};
+
+/// A run long enough that a request is not sent to another group for a
+/// longer one (64 KiB in 4 KiB blocks).
+const GOOD_RUN: u32 = 16;
 use crate::cache::Buffer;
 use crate::error::{Error, Result};
 use crate::format::bitmap;
@@ -115,27 +123,48 @@ impl Allocator {
         found
     }
 
+    /// Two passes over the groups from the goal's: the first takes only a run
+    /// of `GOOD_RUN` blocks or the whole request if shorter, so a large request
+    /// goes to the next group with room rather than into the crumbs of a full
+    /// one (mballoc's criteria, in small); the second takes whatever is free.
     fn alloc_claimed(&self, tx: &mut Handle, goal: u64, max_len: u32) -> Result<(u64, u32)> {
         let goal = goal.clamp(self.vol.geo.first_data_block as u64, self.vol.geo.blocks_count - 1);
         let first_group = self.vol.group_of_block(goal);
         let groups = self.vol.geo.group_count;
-        for i in 0..groups {
-            let g = (first_group + i) % groups;
-            let start_bit = if i == 0 {
-                (goal - self.vol.group_first_block(g)) as usize
-            } else {
-                self.block_hint[g as usize].load(Ordering::Relaxed) as usize
-            };
-            if let Some(found) = self.alloc_in_group(tx, g, start_bit, max_len)? {
-                return Ok(found);
+        for min_len in [max_len.clamp(1, GOOD_RUN), 1] {
+            for i in 0..groups {
+                let g = (first_group + i) % groups;
+                let start_bit = if i == 0 {
+                    (goal - self.vol.group_first_block(g)) as usize
+                } else {
+                    self.block_hint[g as usize].load(Ordering::Relaxed) as usize
+                };
+                if let Some(found) = self.alloc_in_group(tx, g, start_bit, max_len, min_len)? {
+                    return Ok(found);
+                }
+            }
+            if min_len == 1 {
+                break;
             }
         }
         Err(Error::NoSpace("no free blocks in any group".into()))
     }
 
-    fn alloc_in_group(&self, tx: &mut Handle, g: u32, start_bit: usize, max_len: u32) -> Result<Option<(u64, u32)>> {
+    fn alloc_in_group(
+        &self,
+        tx: &mut Handle,
+        g: u32,
+        start_bit: usize,
+        max_len: u32,
+        min_len: u32,
+    ) -> Result<Option<(u64, u32)>> {
+        if let Some(runs) = &*self.free_runs[g as usize].lock() {
+            if runs.longest() < min_len {
+                return Ok(None);
+            }
+        }
         let mut gd_lock = self.vol.groups[g as usize].write();
-        if gd_lock.bg_free_blocks_count == 0 {
+        if gd_lock.bg_free_blocks_count < min_len.max(1) {
             return Ok(None);
         }
         let mut gd = gd_lock.clone();
@@ -166,7 +195,7 @@ impl Allocator {
                 *runs = Some(built);
             }
             let runs = runs.as_mut().expect("built above");
-            let Some((at, len)) = runs.take(start_bit.min(nbits) as u32, max_len) else {
+            let Some((at, len)) = runs.take(start_bit.min(nbits) as u32, max_len, min_len) else {
                 return Ok(None);
             };
             let (at, len) = (at as usize, len as usize);

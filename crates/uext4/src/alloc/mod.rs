@@ -94,16 +94,18 @@ pub(crate) fn acting_as_unless_set(who: Owner) -> Option<ActingAs> {
     CALLER.with(|c| c.get()).is_none().then(|| acting_as(who))
 }
 
-/// A group's free blocks as runs: start bit -> length. Finding a run near a goal is
+/// A group's free blocks as runs: start bit -> length, and how many runs
+/// there are of each length. Finding a run near a goal, or one long enough, is
 /// a range query instead of a walk over the bitmap.
 #[derive(Default)]
 pub struct FreeRuns {
     runs: std::collections::BTreeMap<u32, u32>,
+    lengths: std::collections::BTreeMap<u32, u32>,
 }
 
 impl FreeRuns {
     pub fn from_bitmap(bitmap: &[u8], nbits: u32) -> FreeRuns {
-        let mut runs = std::collections::BTreeMap::new();
+        let mut free = FreeRuns::default();
         let mut bit = 0;
         while bit < nbits {
             // Whole bytes of used blocks are skipped at once.
@@ -119,26 +121,76 @@ impl FreeRuns {
             while bit < nbits && !crate::format::bitmap::test_bit(bitmap, bit as usize) {
                 bit += 1;
             }
-            runs.insert(start, bit - start);
+            free.insert_run(start, bit - start);
         }
-        FreeRuns { runs }
+        free
     }
 
-    /// Takes up to `max` free blocks at `goal` or in the first run after it,
-    /// wrapping to the group's start; returns (start bit, length).
-    pub fn take(&mut self, goal: u32, max: u32) -> Option<(u32, u32)> {
+    fn insert_run(&mut self, start: u32, len: u32) {
+        self.runs.insert(start, len);
+        *self.lengths.entry(len).or_insert(0) += 1;
+    }
+
+    fn remove_run(&mut self, start: u32) -> Option<u32> {
+        let len = self.runs.remove(&start)?;
+        if let Some(count) = self.lengths.get_mut(&len) {
+            *count -= 1;
+            if *count == 0 {
+                self.lengths.remove(&len);
+            }
+        }
+        Some(len)
+    }
+
+    /// The longest free run's length (0 when the group is full).
+    pub fn longest(&self) -> u32 {
+        self.lengths.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// The first run at or after `goal`, wrapping to the group's start, whose
+    /// length passes `fits`.
+    fn first_run_after(&self, goal: u32, fits: impl Fn(u32) -> bool) -> Option<(u32, u32)> {
+        self.runs.range(goal..).chain(self.runs.range(..goal)).find(|(_, &l)| fits(l)).map(|(&s, &l)| (s, l))
+    }
+
+    /// Takes up to `max` free blocks near `goal`, as the kernel's mballoc
+    /// chooses: at the goal when the run there holds all `max` (a file growing
+    /// in place); else the first run after the goal (wrapping) that holds them
+    /// all; else the longest run, or the goal's when it is as long. A request
+    /// is never broken into the small holes that deleted files leave near the
+    /// goal while a run that fits it exists. Returns (start bit, length);
+    /// `None` when the group has no run of at least `min_len`.
+    pub fn take(&mut self, goal: u32, max: u32, min_len: u32) -> Option<(u32, u32)> {
+        let max = max.max(1);
         let containing = self.runs.range(..=goal).next_back().filter(|(&s, &l)| s + l > goal).map(|(&s, &l)| (s, l));
-        let (run_start, run_len) = containing
-            .or_else(|| self.runs.range(goal..).next().map(|(&s, &l)| (s, l)))
-            .or_else(|| self.runs.iter().next().map(|(&s, &l)| (s, l)))?;
-        let at = if containing.is_some() { goal } else { run_start };
+        let at_goal = containing.map(|(s, l)| s + l - goal);
+        let (run_start, run_len, at) = match (containing, at_goal) {
+            (Some((s, l)), Some(tail)) if tail >= max => (s, l, goal),
+            _ if self.longest() >= max => {
+                let (s, l) = self.first_run_after(goal, |l| l >= max)?;
+                (s, l, s)
+            }
+            _ => {
+                let longest = self.longest();
+                match (containing, at_goal) {
+                    (Some((s, l)), Some(tail)) if tail >= longest => (s, l, goal),
+                    _ => {
+                        let (s, l) = self.first_run_after(goal, |l| l == longest)?;
+                        (s, l, s)
+                    }
+                }
+            }
+        };
         let len = max.min(run_start + run_len - at);
-        self.runs.remove(&run_start);
+        if len < min_len.max(1) {
+            return None;
+        }
+        self.remove_run(run_start);
         if at > run_start {
-            self.runs.insert(run_start, at - run_start);
+            self.insert_run(run_start, at - run_start);
         }
         if at + len < run_start + run_len {
-            self.runs.insert(at + len, run_start + run_len - at - len);
+            self.insert_run(at + len, run_start + run_len - at - len);
         }
         Some((at, len))
     }
@@ -153,16 +205,15 @@ impl FreeRuns {
         let (mut s, mut l) = (start, len);
         if let Some((&ps, &pl)) = self.runs.range(..start).next_back() {
             if ps + pl == start {
-                self.runs.remove(&ps);
+                self.remove_run(ps);
                 s = ps;
                 l += pl;
             }
         }
-        if let Some(&nl) = self.runs.get(&(start + len)) {
-            self.runs.remove(&(start + len));
+        if let Some(nl) = self.remove_run(start + len) {
             l += nl;
         }
-        self.runs.insert(s, l);
+        self.insert_run(s, l);
     }
 }
 
@@ -367,15 +418,19 @@ mod tests {
         }
         let mut runs = FreeRuns::from_bitmap(&bitmap, 100);
         assert_eq!(runs.runs.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(10, 10), (21, 79)]);
-        assert_eq!(runs.take(15, 100), Some((15, 5)), "from the goal to the end of its run");
-        assert_eq!(runs.take(15, 3), Some((21, 3)), "the next run after the goal");
-        assert_eq!(runs.take(99, 50), Some((99, 1)));
-        assert_eq!(runs.take(200, 4), Some((10, 4)), "wraps to the first run");
-        runs.put(15, 5);
-        assert_eq!(runs.runs.get(&14), Some(&6), "neighbours merge");
-        runs.put(10, 4);
-        runs.put(21, 3);
-        runs.put(99, 1);
+        assert_eq!(runs.longest(), 79);
+        assert_eq!(runs.take(15, 5, 1), Some((15, 5)), "at the goal, when its run holds the request");
+        assert_eq!(runs.take(12, 8, 1), Some((21, 8)), "else the first run after the goal that holds it");
+        assert_eq!(runs.take(12, 100, 1), Some((29, 71)), "else the longest run");
+        assert_eq!(runs.take(12, 4, 5), None, "nothing of at least min_len");
+        assert_eq!(runs.take(12, 2, 1), Some((12, 2)));
+        assert_eq!(runs.take(200, 1, 1), Some((10, 1)), "wraps to the first run");
+        assert_eq!(runs.longest(), 1, "bits 11 and 14 are left");
+        for (start, len) in [(10, 1), (12, 2), (15, 5), (21, 8), (29, 71)] {
+            runs.put(start, len);
+        }
+        assert_eq!(runs.runs.get(&10), Some(&10), "neighbours merge");
+        assert_eq!(runs.longest(), 79);
         assert_eq!(runs.runs.iter().map(|(&s, &l)| (s, l)).collect::<Vec<_>>(), [(10, 10), (21, 79)]);
     }
 }
