@@ -449,6 +449,13 @@ fn changed(before: &[Times], after: &[Times]) -> String {
         .join(" ")
 }
 
+fn fallocate(path: &Path, mode: i32, offset: i64, len: i64) {
+    let file = OpenOptions::new().write(true).open(path).unwrap();
+    // SAFETY: fallocate on a descriptor we hold; the result is checked.
+    let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), mode, offset, len) };
+    assert_eq!(r, 0, "fallocate mode {mode:#x}: {}", std::io::Error::last_os_error());
+}
+
 /// The same steps on the kernel's ext4 and on uext4's mount must touch the same
 /// timestamps (of the object and of its directories).
 #[test]
@@ -472,6 +479,9 @@ fn timestamps_change_where_the_kernels_ext4_changes_them() {
         ("chmod", |d| fs::set_permissions(d.join("dir/f"), fs::Permissions::from_mode(0o600)).unwrap()),
         ("chown", |d| std::os::unix::fs::chown(d.join("dir/f"), Some(1), Some(1)).unwrap()),
         ("truncate", |d| OpenOptions::new().write(true).open(d.join("dir/f")).unwrap().set_len(3).unwrap()),
+        ("fallocate, keep size", |d| fallocate(&d.join("dir/f"), libc::FALLOC_FL_KEEP_SIZE, 0, 65536)),
+        ("fallocate inside the size", |d| fallocate(&d.join("dir/f"), 0, 0, 2)),
+        ("chown -1 -1", |d| std::os::unix::fs::chown(d.join("dir/f"), None, None).unwrap()),
         ("link", |d| fs::hard_link(d.join("dir/f"), d.join("dir/g")).unwrap()),
         ("rename", |d| fs::rename(d.join("dir/g"), d.join("dir/h")).unwrap()),
         ("symlink", |d| std::os::unix::fs::symlink("f", d.join("dir/s")).unwrap()),
@@ -986,4 +996,117 @@ fn spliced_reads_return_what_the_kernel_reads() {
         m.unmount();
     }
     assert_e2fsck_clean(&image);
+}
+
+/// One shell script, run in the kernel's ext4 and in uext4's mount of copies
+/// of one image, must print the same: immutable and append-only files and
+/// directories (set with chattr through the kernel before the copy) refuse
+/// what the kernel refuses; a chmod brings an access ACL along (so a named
+/// user loses what the mode takes away); a symlink in a setgid directory takes
+/// its group; trusted.* names are not listed to an unprivileged user;
+/// chown(f, -1, -1) drops setuid and setgid; a removed working directory still
+/// opens; a default ACL is inherited (in place of the umask) by files, fifos
+/// and directories, and the umask applies without one. e2fsck -fn silent on
+/// both images afterwards.
+#[test]
+fn flags_acls_and_ownership_rules_match_the_kernels_ext4() {
+    if !fuse_oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (kimg, uimg) = (work.path().join("k.img"), work.path().join("u.img"));
+    mkfs(&kimg, "64M");
+    {
+        let k = KernelMount::new(&kimg, "");
+        let setup = "echo a > imm; echo a > app; mkdir imm_d app_d; echo f > imm_d/f; echo f > app_d/f; \
+                     chattr +i imm imm_d; chattr +a app app_d";
+        run(Command::new("sh").arg("-c").arg(setup).current_dir(&k.dir));
+    }
+    fs::copy(&kimg, &uimg).unwrap();
+    let script = r#"
+        t() { name=$1; shift; if "$@" >/dev/null 2>&1; then echo "$name: ok"; else echo "$name: refused"; fi; }
+        nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+        t write_imm sh -c 'echo x > imm'
+        t append_imm sh -c 'echo x >> imm'
+        t truncate_imm truncate -s 0 imm
+        t rm_imm rm -f imm
+        t mv_imm mv imm imm2
+        t ln_imm ln imm imm_link
+        t chmod_imm chmod 600 imm
+        t chown_imm chown 1 imm
+        t touch_imm touch imm
+        t touch_at_imm touch -d @1000000 imm
+        t setfattr_imm setfattr -n user.a -v 1 imm
+        t create_in_imm_d touch imm_d/new
+        t rm_in_imm_d rm -f imm_d/f
+        t mv_into_imm_d mv app_d/f imm_d/g
+        t append_app sh -c 'echo x >> app'
+        t overwrite_app sh -c 'echo x > app'
+        t write_into_app dd if=/dev/zero of=app bs=1 count=1 conv=notrunc status=none
+        t truncate_app truncate -s 0 app
+        t rm_app rm -f app
+        t mv_app mv app app2
+        t ln_app ln app app_link
+        t chmod_app chmod 600 app
+        t touch_app touch app
+        t touch_at_app touch -d @1000000 app
+        t setfattr_app setfattr -n user.a -v 1 app
+        t create_in_app_d touch app_d/new
+        t rm_in_app_d rm -f app_d/f
+        t read_both cat imm app
+        echo "sizes: $(stat -c %s imm app | tr '\n' ' ')"
+        echo data > acl; chmod 644 acl; setfacl -m u:1000:rw acl; chmod 640 acl
+        echo "acl: $(getfacl -cp acl | tr '\n' ' ')"
+        t nobody_reads_acl nobody cat acl
+        mkdir sg; chgrp 1234 sg; chmod 2775 sg; ln -s x sg/s; mkdir sg/d; touch sg/f
+        echo "setgid groups: $(stat -c %g sg/s sg/d sg/f | tr '\n' ' ')"
+        touch tr; setfattr -n trusted.t -v 1 tr; setfattr -n user.u -v 1 tr; chmod 666 tr
+        echo "listed to nobody: $(nobody getfattr --absolute-names -m - tr 2>/dev/null | grep -v '^#' | tr '\n' ' ')"
+        touch su; chmod 6755 su; python3 -c 'import os; os.chown("su", -1, -1)'
+        echo "after chown -1 -1: $(stat -c %a su)"
+        mkdir gone; (cd gone && rmdir ../gone && ls . > /dev/null 2>&1; echo "ls in a removed directory: $?")
+        mkdir dacl; chmod 750 dacl; setfacl -d -m u:1000:rx,o::- dacl
+        (umask 077; touch dacl/f; mkdir dacl/sub; mknod dacl/p p)
+        echo "inherited: $(stat -c %a dacl/f dacl/sub dacl/p | tr '\n' ' ')"
+        echo "inherited: $(getfacl -cp dacl/f dacl/sub dacl/p 2>/dev/null | tr '\n' ' ')"
+        (umask 027; touch um; mkdir umd; mknod ump p)
+        echo "umask 027: $(stat -c %a um umd ump | tr '\n' ' ')"
+    "#;
+    let run_in = |root: &Path| {
+        let out = Command::new("sh").arg("-c").arg(script).current_dir(root).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let kernel = {
+        let k = KernelMount::new(&kimg, "");
+        run_in(&k.dir)
+    };
+    let m = UextMount::new(&uimg, "allow_other");
+    let mounted = run_in(&m.dir);
+    m.unmount();
+    let differ: Vec<String> = kernel
+        .lines()
+        .zip(mounted.lines())
+        .filter(|(k, u)| k != u)
+        .map(|(k, u)| format!("kernel: {k}\n uext4: {u}"))
+        .collect();
+    assert!(
+        differ.is_empty() && kernel.lines().count() == mounted.lines().count(),
+        "uext4's mount differs from the kernel's ext4:\n{}\n(kernel's whole output:\n{kernel})",
+        differ.join("\n")
+    );
+    assert!(kernel.contains("write_imm: refused") && kernel.contains("append_app: ok"), "{kernel}");
+    assert_e2fsck_clean(&kimg);
+    assert_e2fsck_clean(&uimg);
+    // The CLI, and remove_tree under `rm -r`, refuse the same (EPERM, exit 1),
+    // and what they refused is still there.
+    let target = |path: &str| format!("{}:{path}", uimg.display());
+    for args in [vec!["rm", "-r"], vec!["rm"]] {
+        let path = if args.len() == 2 { "/imm_d" } else { "/app" };
+        let out = uext4().args(&args).arg(target(path)).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(1) && said.contains("ermitted"), "uext4 {args:?} {path}: {out:?}");
+    }
+    let listed = run(Command::new("debugfs").args(["-R", "ls -l /imm_d"]).arg(&uimg));
+    assert!(listed.contains(" f\n") || listed.lines().any(|l| l.ends_with(" f")), "{listed}");
+    assert_e2fsck_clean(&uimg);
 }

@@ -181,12 +181,13 @@ impl Filesystem {
     /// unknown namespace; `ReadOnly`; `Corrupt`.
     pub fn set_xattr(&self, ino: u32, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let (index, suffix) = settable_name(name)?;
+        crate::ns::inode_flags::refuse_if_pinned(ino, &*self.inode(ino)?, "setting an xattr")?;
         if index == INDEX_POSIX_ACL_ACCESS {
             // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one
             // that says no more than a mode is not stored at all.
             let (bits, equivalent) = acl::implied_mode(value).map_err(Error::Invalid)?;
             let perm = (self.stat(ino)?.perm & !0o777) | bits;
-            self.setattr(ino, &crate::ns::change::SetAttr { perm: Some(perm), ..Default::default() })?;
+            self.setattr_keeping_acl(ino, &crate::ns::change::SetAttr { perm: Some(perm), ..Default::default() })?;
             if equivalent {
                 return match self.remove_xattr(ino, name) {
                     Err(Error::NotFound(_)) => Ok(()),
@@ -211,12 +212,28 @@ impl Filesystem {
         })
     }
 
+    /// Rewrites the access ACL of `ino`, if it has one, for the mode `perm`
+    /// (`acl::chmod`).
+    pub(crate) fn chmod_access_acl(&self, ino: u32, perm: u16) -> Result<()> {
+        if self.get_xattr(ino, b"system.posix_acl_access")?.is_none() {
+            return Ok(());
+        }
+        self.change_xattrs(ino, &mut |attrs| {
+            for a in attrs.iter_mut().filter(|a| a.index == INDEX_POSIX_ACL_ACCESS && a.suffix.is_empty()) {
+                a.value =
+                    acl::chmod(&a.value, perm).map_err(|what| Error::corrupt(what, format!("ACL of inode {ino}")))?;
+            }
+            Ok(())
+        })
+    }
+
     /// Removes attribute `name`.
     ///
     /// # Errors
     /// `NotFound` (ENODATA) when the attribute is absent; `ReadOnly`; `Corrupt`.
     pub fn remove_xattr(&self, ino: u32, name: &[u8]) -> Result<()> {
         let (index, suffix) = settable_name(name)?;
+        crate::ns::inode_flags::refuse_if_pinned(ino, &*self.inode(ino)?, "removing an xattr")?;
         self.change_xattrs(ino, &mut |attrs| {
             let at = attrs.iter().position(|a| a.index == index && a.suffix == suffix);
             match at {

@@ -74,6 +74,7 @@ pub const FUSE_READDIRPLUS_AUTO: u64 = 1 << 14;
 pub const FUSE_WRITEBACK_CACHE: u64 = 1 << 16;
 pub const FUSE_PARALLEL_DIROPS: u64 = 1 << 18;
 pub const FUSE_POSIX_ACL: u64 = 1 << 20;
+pub const FUSE_DONT_MASK: u64 = 1 << 6;
 pub const FUSE_MAX_PAGES: u64 = 1 << 22;
 pub const FUSE_INIT_EXT: u64 = 1 << 30;
 pub const FUSE_OVER_IO_URING: u64 = 1 << 41;

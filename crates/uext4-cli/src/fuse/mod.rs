@@ -64,7 +64,8 @@ pub struct SessionConfig {
 
 /// The capabilities asked of the kernel (each only if the kernel offers it):
 /// reads in parallel and readdirplus; lookups and creates in one directory at
-/// once (the library's locks order them); POSIX ACLs checked by the kernel;
+/// once (the library's locks order them); POSIX ACLs checked by the kernel,
+/// with the umask left to us (a default ACL replaces it);
 /// 1 MiB requests; suid/sgid clearing left to us (HANDLE_KILLPRIV_V2),
 /// which spares a getxattr before every write; and the write-back cache
 /// when the mount asked for it.
@@ -78,6 +79,7 @@ fn wanted_flags(writeback_cache: bool) -> u64 {
         | abi::FUSE_READDIRPLUS_AUTO
         | abi::FUSE_PARALLEL_DIROPS
         | abi::FUSE_POSIX_ACL
+        | abi::FUSE_DONT_MASK
         | abi::FUSE_MAX_PAGES
         | FUSE_HANDLE_KILLPRIV_V2
         | abi::FUSE_INIT_EXT

@@ -77,6 +77,18 @@ pub enum Allowed {
 /// the payload written so far (0: success).
 pub type Answer = Option<i32>;
 
+const ACCESS_ACL: &str = "system.posix_acl_access";
+const DEFAULT_ACL: &str = "system.posix_acl_default";
+
+/// The ACLs a new inode takes from its directory's default ACL.
+#[derive(Default)]
+struct Inherited {
+    /// Its access ACL, when it says more than the mode.
+    access: Option<Vec<u8>>,
+    /// A new directory's own default ACL.
+    default: Option<Vec<u8>>,
+}
+
 /// A transport that can send a READ's reply from a plan of the read (the
 /// image's pages passed on by reference) instead of a copy in the payload.
 pub trait ReadReplier {
@@ -410,11 +422,29 @@ impl Uext4Fuse {
     }
 
     /// Owner of a new inode: the caller, with the group of a setgid parent.
-    /// Returns it with the permission bits after the umask (and a new
-    /// directory's inherited setgid bit).
-    fn new_owner(&self, h: &InHeader, parent: u32, mode: u32, umask: u32, is_dir: bool) -> uext4::Result<(Owner, u16)> {
-        let parent = self.fs.stat(parent)?;
-        let mut perm = (mode & !umask & 0o7777) as u16;
+    /// Returns it with the permission bits (and a new directory's inherited
+    /// setgid bit), and what it inherits from the parent's default ACL. The
+    /// kernel leaves the umask to us (FUSE_DONT_MASK): as in the kernel's
+    /// posix_acl_create, a default ACL takes its place.
+    fn new_owner(
+        &self,
+        h: &InHeader,
+        parent_ino: u32,
+        mode: u32,
+        umask: u32,
+        is_dir: bool,
+    ) -> uext4::Result<(Owner, u16, Inherited)> {
+        let parent = self.fs.stat(parent_ino)?;
+        let default = self.fs.get_xattr(parent_ino, DEFAULT_ACL.as_bytes())?;
+        let (mut perm, inherited) = match default {
+            Some(default) => {
+                let (access, perm, extended) =
+                    uext4::format::acl::inherit(&default, (mode & 0o7777) as u16).map_err(uext4::Error::Invalid)?;
+                let access = extended.then_some(access);
+                (perm, Inherited { access, default: is_dir.then_some(default) })
+            }
+            None => ((mode & !umask & 0o7777) as u16, Inherited::default()),
+        };
         let mut gid = h.gid;
         if parent.perm & S_ISGID != 0 {
             gid = parent.gid;
@@ -422,7 +452,43 @@ impl Uext4Fuse {
                 perm |= S_ISGID;
             }
         }
-        Ok((Owner { uid: h.uid, gid }, perm))
+        Ok((Owner { uid: h.uid, gid }, perm, inherited))
+    }
+
+    /// Gives a new inode the ACLs it inherited; if that fails, the new name goes
+    /// again (a file missing its ACL could grant its group more than asked).
+    fn apply_inherited(
+        &self,
+        parent: u32,
+        name: &[u8],
+        made: uext4::Result<Stat>,
+        acls: Inherited,
+    ) -> uext4::Result<Stat> {
+        let st = made?;
+        let set = || -> uext4::Result<()> {
+            if let Some(access) = &acls.access {
+                self.fs.set_xattr(st.ino, ACCESS_ACL.as_bytes(), access, 0)?;
+            }
+            if let Some(default) = &acls.default {
+                self.fs.set_xattr(st.ino, DEFAULT_ACL.as_bytes(), default, 0)?;
+            }
+            Ok(())
+        };
+        if acls.access.is_none() && acls.default.is_none() {
+            return Ok(st);
+        }
+        if let Err(e) = set() {
+            let undone = if st.file_type == uext4::FileType::Directory {
+                self.fs.rmdir(parent, name)
+            } else {
+                self.fs.unlink(parent, name)
+            };
+            if let Err(u) = undone {
+                self.log(&format!("removing a new inode whose inherited ACL failed ({e}): {u}"));
+            }
+            return Err(e);
+        }
+        self.fs.stat(st.ino)
     }
 
     /// Whether the caller of `h` is root (taken for CAP_FSETID) or a member of
@@ -655,25 +721,30 @@ impl Uext4Fuse {
                 Err(e) => Some(errno(&e)),
             },
             Op::Mknod { mode, rdev, umask, name } => {
-                let made = self.new_owner(h, ino, mode, umask, false).and_then(|(owner, perm)| {
+                let made = self.new_owner(h, ino, mode, umask, false).and_then(|(owner, perm, acls)| {
                     let kind = (mode & libc::S_IFMT) as u16;
-                    if kind == libc::S_IFREG as u16 || kind == 0 {
-                        return self.fs.create(ino, name, perm, owner);
-                    }
-                    // The request carries the kernel's new_encode_dev form.
-                    let (major, minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
-                    self.fs.mknod(ino, name, kind | perm, (major, minor), owner)
+                    let made = if kind == libc::S_IFREG as u16 || kind == 0 {
+                        self.fs.create(ino, name, perm, owner)
+                    } else {
+                        // The request carries the kernel's new_encode_dev form.
+                        let (major, minor) = ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00));
+                        self.fs.mknod(ino, name, kind | perm, (major, minor), owner)
+                    };
+                    self.apply_inherited(ino, name, made, acls)
                 });
                 self.entry(made, out)
             }
             Op::Mkdir { mode, umask, name } => {
-                let made = self
-                    .new_owner(h, ino, mode, umask, true)
-                    .and_then(|(owner, perm)| self.fs.mkdir(ino, name, perm, owner));
+                let made = self.new_owner(h, ino, mode, umask, true).and_then(|(owner, perm, acls)| {
+                    self.apply_inherited(ino, name, self.fs.mkdir(ino, name, perm, owner), acls)
+                });
                 self.entry(made, out)
             }
             Op::Symlink { name, target } => {
-                let made = self.fs.symlink(ino, name, target, Owner { uid: h.uid, gid: h.gid });
+                // A symlink, too, takes the group of a setgid parent (and no ACL).
+                let made = self
+                    .new_owner(h, ino, 0o777, 0, false)
+                    .and_then(|(owner, _, _)| self.fs.symlink(ino, name, target, owner));
                 self.entry(made, out)
             }
             Op::Unlink { name } => Self::done(self.fs.unlink(ino, name)),
@@ -767,7 +838,9 @@ impl Uext4Fuse {
             Op::Listxattr { size } => match self.fs.xattrs(ino) {
                 Ok(attrs) => {
                     let mut names = Vec::new();
-                    for (name, _) in attrs {
+                    // trusted.* names are listed to CAP_SYS_ADMIN only (ext4_xattr_trusted_list).
+                    let hidden = |name: &[u8]| h.uid != 0 && name.starts_with(b"trusted.");
+                    for (name, _) in attrs.into_iter().filter(|(name, _)| !hidden(name)) {
                         names.extend_from_slice(&name);
                         names.push(0);
                     }
@@ -780,7 +853,12 @@ impl Uext4Fuse {
                 Err(uext4::Error::NotFound(_)) => Some(libc::ENODATA),
                 Err(e) => Some(errno(&e)),
             },
-            Op::Opendir => match self.listing(ino) {
+            // A directory removed while the kernel still holds it (a shell's
+            // working directory) opens as empty, as on the kernel's ext4.
+            Op::Opendir => match self.listing(ino).or_else(|e| match self.fs.stat(ino) {
+                Ok(st) if st.nlink == 0 => Ok(Vec::new()),
+                _ => Err(e),
+            }) {
                 Ok(entries) => {
                     let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
                     self.listings.lock().insert(fh, Arc::new(entries));
@@ -854,8 +932,39 @@ impl Uext4Fuse {
         // The kernel asks (FATTR_KILL_SUIDGID) on a chown of anything but a
         // directory, by anyone, and on a truncate by a caller without
         // CAP_FSETID. A chmod in the same request sets the mode outright.
-        let chown = attr.uid.is_some() || attr.gid.is_some();
-        if s.valid & FATTR_KILL_SUIDGID != 0 && attr.perm.is_none() {
+        // chown(f, -1, -1) arrives as a SETATTR that sets nothing (ctime at most,
+        // with the write-back cache): the kernel drops its kill bits under
+        // HANDLE_KILLPRIV_V2, and utimensat with both times omitted never gets
+        // here. The kernel's ext4 drops privileges for it, so this does too.
+        let changes = abi::FATTR_MODE
+            | abi::FATTR_UID
+            | abi::FATTR_GID
+            | abi::FATTR_SIZE
+            | abi::FATTR_ATIME
+            | abi::FATTR_MTIME
+            | abi::FATTR_ATIME_NOW
+            | abi::FATTR_MTIME_NOW;
+        let null_chown = s.valid & changes == 0;
+        // As notify_change: times set outright need an inode neither immutable
+        // nor append-only; times set to now, one that is not immutable (the
+        // library refuses the rest, and lets atime alone move for reads).
+        let any_times = abi::FATTR_ATIME | abi::FATTR_MTIME | abi::FATTR_ATIME_NOW | abi::FATTR_MTIME_NOW;
+        if s.valid & any_times != 0 {
+            use uext4::format::inode::{EXT4_APPEND_FL, EXT4_IMMUTABLE_FL};
+            let flags = match self.fs.stat(ino) {
+                Ok(st) => st.flags,
+                Err(e) => return Some(errno(&e)),
+            };
+            // The kernel sends FATTR_ATIME with FATTR_ATIME_NOW for "now".
+            let set_outright = |time: u32, now: u32| s.valid & time != 0 && s.valid & now == 0;
+            let now_only = !set_outright(abi::FATTR_ATIME, abi::FATTR_ATIME_NOW)
+                && !set_outright(abi::FATTR_MTIME, abi::FATTR_MTIME_NOW);
+            if flags & EXT4_IMMUTABLE_FL != 0 || flags & EXT4_APPEND_FL != 0 && !now_only {
+                return Some(libc::EPERM);
+            }
+        }
+        let chown = attr.uid.is_some() || attr.gid.is_some() || null_chown;
+        if (s.valid & FATTR_KILL_SUIDGID != 0 || null_chown) && attr.perm.is_none() {
             let killed = self.fs.stat(ino).and_then(|st| self.kill_privileges(h, ino, &st, chown, &mut attr));
             if let Err(e) = killed {
                 return Some(errno(&e));

@@ -81,6 +81,11 @@ impl Filesystem {
         if !inode.is_reg() {
             return Err(Error::NoDevice(format!("fallocate on inode {ino}, which is not a regular file")));
         }
+        // As vfs_fallocate: an append-only file only preallocates.
+        crate::ns::inode_flags::refuse_if_immutable(ino, &inode, "fallocate")?;
+        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+            crate::ns::inode_flags::refuse_if_pinned(ino, &inode, "fallocate")?;
+        }
         // Block maps cannot hold unwritten blocks: as the kernel's ext4_fallocate,
         // only punching works on them (inline files become block-mapped without
         // the extent feature).
@@ -123,11 +128,11 @@ impl Filesystem {
                 }
             }
         }
+        // Every mode moves both, even a preallocation inside the size that
+        // allocates nothing (as the kernel's ext4_fallocate does).
         let t = now();
         inode.i_ctime = t;
-        if punch || zero || grows {
-            inode.i_mtime = t;
-        }
+        inode.i_mtime = t;
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
         if punch {

@@ -39,6 +39,7 @@ impl Filesystem {
         if !inode.is_reg() {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
+        crate::ns::inode_flags::refuse_write(ino, &inode, offset)?;
         let max = self.max_size_of(&inode);
         if offset >= max {
             return Err(Error::FileTooLarge(format!(

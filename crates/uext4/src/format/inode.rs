@@ -26,6 +26,8 @@ pub const S_IFCHR: u16 = 0o020000;
 pub const S_IFIFO: u16 = 0o010000;
 
 // i_flags
+pub const EXT4_IMMUTABLE_FL: u32 = 0x10;
+pub const EXT4_APPEND_FL: u32 = 0x20;
 pub const EXT4_INDEX_FL: u32 = 0x1000;
 pub const EXT4_HUGE_FILE_FL: u32 = 0x40000;
 pub const EXT4_EXTENTS_FL: u32 = 0x80000;

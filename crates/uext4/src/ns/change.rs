@@ -20,6 +20,7 @@ use crate::format::inode::*;
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
 use crate::locks::Mode;
+use crate::ns::inode_flags;
 use crate::ns::Stat;
 
 /// Worst-case new blocks for one name: a directory block or leaf split, index
@@ -72,7 +73,11 @@ impl Filesystem {
     pub(crate) fn new_inode(&self, mode: u16, owner: Owner) -> Inode {
         let extra = if self.vol.geo.inode_size > 128 { 32 } else { 0 };
         let mut i = Inode::new(self.vol.geo.inode_size, extra);
-        let t = now();
+        // From the clock that stamps its directory (`touch_dir`), so a new
+        // name is never newer than the change of its directory that made it.
+        let (sec, nsec) = crate::clock::coarse();
+        let t = Timestamp { sec, nsec };
+        let (_, precise_nsec) = crate::clock::precise();
         i.i_mode = mode;
         i.i_uid = owner.uid;
         i.i_gid = owner.gid;
@@ -80,7 +85,7 @@ impl Filesystem {
         if extra > 0 {
             i.i_crtime = Some(t);
         }
-        i.i_generation = (t.nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(2_654_435_761);
+        i.i_generation = (precise_nsec ^ (t.sec as u32).rotate_left(13)).wrapping_mul(2_654_435_761);
         // As the kernel's ext4_new_inode: extent-mapped where the filesystem has
         // extents, else an empty block map (extent/indirect.rs).
         if self.vol.geo.has_extents {
@@ -113,9 +118,19 @@ impl Filesystem {
     /// the directory's times already right, and `update_dir_attrs` leaves its
     /// inode alone instead of writing it again (under pdirops the directory
     /// inode was the one block that every change of names wrote).
+    ///
+    /// Never backwards: a ctime stamped from the precise clock (a setattr, the
+    /// directory's own rename) may lie inside the current tick, and then the
+    /// precise clock stamps it, as the kernel's multigrain ctime does.
     pub(crate) fn touch_dir(inode: &mut Inode) {
         let (sec, nsec) = crate::clock::coarse();
-        let t = Timestamp { sec, nsec };
+        let mut t = Timestamp { sec, nsec };
+        if t < inode.i_ctime {
+            t = now();
+            if t < inode.i_ctime {
+                t = inode.i_ctime;
+            }
+        }
         inode.i_mtime = t;
         inode.i_ctime = t;
     }
@@ -144,6 +159,7 @@ impl Filesystem {
         // journal/handle.rs); its removal holds it exclusive.
         let _parent_lock = self.inode_locks.read(parent as u64);
         self.require_live_dir(parent)?;
+        inode_flags::refuse_if_immutable(parent, &*self.inode(parent)?, "creating a name")?;
         let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
         let request = self.inode_request(parent, name, is_dir)?;
         let mut tx = self.begin(8)?;
@@ -358,7 +374,9 @@ impl Filesystem {
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
+        inode_flags::refuse_if_pinned(ino, &inode, "linking")?;
         self.require_live_dir(parent)?;
+        inode_flags::refuse_if_immutable(parent, &*self.inode(parent)?, "linking into")?;
         let _space = self.ensure_space_for_name(parent, name, 0)?;
         let mut tx = self.begin(6)?;
         let entry = (name, ino, file_type_from_mode(inode.i_mode));
@@ -416,6 +434,8 @@ impl Filesystem {
             (false, true) => return Err(Error::IsADirectory(format!("{} (use rmdir)", shown()))),
             _ => {}
         }
+        inode_flags::refuse_if_pinned(parent, &*self.inode(parent)?, &format!("removing {}", shown()))?;
+        inode_flags::refuse_if_pinned(ino, &inode, &format!("removing {}", shown()))?;
         // As the kernel's ext4_empty_dir: a directory shorter than one block cannot
         // be shown empty (its entries may lie past i_size); it is corrupt.
         if want_dir && !inode.has_flag(EXT4_INLINE_DATA_FL) && inode.i_size < self.vol.geo.block_size as u64 {
@@ -531,7 +551,28 @@ impl Filesystem {
     /// `NoSpace` when shrinking needs an extent-tree block none is left for; `ReadOnly`, `Corrupt` as
     /// for [`Filesystem::create`].
     pub fn setattr(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
+        let st = self.setattr_keeping_acl(ino, attr)?;
+        // As ext4_setattr, after the inode's own change: an access ACL follows
+        // the new mode, or a chmod would leave named entries their old reach.
+        if attr.perm.is_some() {
+            self.chmod_access_acl(ino, st.perm)?;
+        }
+        Ok(st)
+    }
+
+    /// `setattr` without bringing an access ACL in line with a new mode: for
+    /// setting the ACL itself, which sets the mode from it.
+    pub(crate) fn setattr_keeping_acl(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
         let _lock = self.inode_locks.write(ino as u64);
+        {
+            let inode = self.inode(ino)?;
+            if attr.perm.is_some() || attr.uid.is_some() || attr.gid.is_some() || attr.size.is_some() {
+                inode_flags::refuse_if_pinned(ino, &inode, "setattr")?;
+            }
+            if attr.mtime.is_some() {
+                inode_flags::refuse_if_immutable(ino, &inode, "setting mtime")?;
+            }
+        }
         if let Some(size) = attr.size {
             // Refused before anything changes.
             self.check_truncate(ino, size)?;
@@ -582,6 +623,33 @@ mod tests {
     use crate::{Filesystem, Options, Owner, ROOT_INO};
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// A directory's times never go back, and a new name is never newer than
+    /// the change of its directory that made it (the kernel's, seen from
+    /// user space: the helper's `mkdir d; stat; touch d/f; stat` went back
+    /// 199 times in 200 when new inodes took the precise clock and
+    /// directories the coarse one).
+    #[test]
+    fn directory_times_never_go_back_and_are_never_older_than_a_new_child() {
+        let dev = Arc::new(MemDevice::new(vec![0u8; 16 << 20]));
+        make(dev.as_ref(), &MkfsOptions { size: 16 << 20, ..MkfsOptions::default() }, true).unwrap();
+        let fs = Filesystem::open_device(dev, Options { read_only: false, ..Options::default() }).unwrap();
+        let root = Owner { uid: 0, gid: 0 };
+        for i in 0..200 {
+            let d = fs.mkdir(ROOT_INO, format!("d{i}").as_bytes(), 0o755, root).unwrap();
+            // A chmod stamps ctime from the precise clock, inside the current tick.
+            let d = fs.setattr(d.ino, &crate::SetAttr { perm: Some(0o700), ..Default::default() }).unwrap();
+            let f = fs.create(d.ino, b"f", 0o644, root).unwrap();
+            let after = fs.stat(d.ino).unwrap();
+            assert!(after.ctime >= d.ctime, "round {i}: directory ctime went back: {:?} -> {:?}", d.ctime, after.ctime);
+            assert!(
+                after.mtime >= f.mtime,
+                "round {i}: directory mtime {:?} older than its new file's {:?}",
+                after.mtime,
+                f.mtime
+            );
+        }
+    }
 
     /// A library caller holding the lock of a stale (free) inode number, perhaps
     /// waiting to begin a handle, must not stall a create that draws that number:

@@ -6,6 +6,7 @@ use crate::format::inode::*;
 use crate::fs::Filesystem;
 
 pub mod change;
+pub(crate) mod inode_flags;
 pub mod orphan;
 pub(crate) mod pdirops;
 pub mod remove_tree;

@@ -454,6 +454,12 @@ impl Filesystem {
             for (e, _) in &doomed {
                 *drops.entry(e.ino).or_default() += 1;
             }
+            // An immutable or append-only name stops the removal with EPERM, as
+            // it stops the kernel's rm -rf (what was removed stays removed).
+            crate::ns::inode_flags::refuse_if_pinned(dir, &*self.inode(dir)?, "removing names")?;
+            for (e, _) in &doomed {
+                crate::ns::inode_flags::refuse_if_pinned(e.ino, &inodes[&e.ino], "removing a name")?;
+            }
             for (&ino, &n) in &drops {
                 let inode = &inodes[&ino];
                 if inode.i_links_count <= n {

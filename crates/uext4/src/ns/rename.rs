@@ -15,7 +15,7 @@ use crate::format::dirent::file_type_from_mode;
 use crate::format::inode::Inode;
 use crate::fs::Filesystem;
 use crate::locks::Mode;
-use crate::ns::ROOT_INO;
+use crate::ns::{inode_flags, ROOT_INO};
 
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
@@ -123,6 +123,16 @@ impl Filesystem {
         // its inode lock while adding the name, so it is empty now stays true, and
         // one waiting behind us finds it removed (`require_live_dir`).
         self.require_live_dir(dst_dir)?;
+        // As the kernel's may_delete and may_create: the moved and the replaced
+        // inodes are neither immutable nor append-only, the source directory
+        // loses a name and the target gains one (and loses one when replacing).
+        inode_flags::refuse_if_pinned(src, &*self.inode(src)?, &format!("renaming {}", shown(src_name)))?;
+        inode_flags::refuse_if_pinned(src_dir, &*self.inode(src_dir)?, &format!("renaming {}", shown(src_name)))?;
+        inode_flags::refuse_if_immutable(dst_dir, &*self.inode(dst_dir)?, &format!("renaming to {}", shown(dst_name)))?;
+        if let Some(d) = dst {
+            inode_flags::refuse_if_pinned(d, &*self.inode(d)?, &format!("replacing {}", shown(dst_name)))?;
+            inode_flags::refuse_if_pinned(dst_dir, &*self.inode(dst_dir)?, &format!("replacing {}", shown(dst_name)))?;
+        }
         if let (false, Some(d), true) = (exchange, dst, dst_is_dir) {
             if !Self::only_dot_entries(d, &self.read_dir(d)?) {
                 return Err(Error::NotEmpty(shown(dst_name)));
