@@ -448,12 +448,37 @@ impl Filesystem {
             table_walks: crate::inodes::TableWalks::new(),
             replayed_journal_blocks,
         };
-        if let Err(e) = fs.prepare_writes(&opts) {
+        if let Err(e) = fs.check_root().and_then(|()| fs.prepare_writes(&opts)) {
             // Refused: nothing may be written back, dropping it included.
             fs.vol.make_read_only();
             return Err(e);
         }
         Ok(fs)
+    }
+
+    /// As the kernel's ext4_fill_super ("corrupt root inode, run e2fsck"): a
+    /// root that is not a live directory refuses the open, writable or not,
+    /// rather than every path failing later with a misleading error. A root
+    /// that cannot be read at all is left to the checks that name why (a bad
+    /// descriptor, a checksum) and to the walks that meet it.
+    fn check_root(&self) -> Result<()> {
+        if self.vol.check_descriptors().is_err() {
+            return Ok(());
+        }
+        let Ok(root) = self.inode(crate::ns::ROOT_INO) else { return Ok(()) };
+        if !root.is_dir()
+            || root.i_links_count == 0
+            || root.i_size == 0 && !root.has_flag(crate::format::inode::EXT4_INLINE_DATA_FL)
+        {
+            return Err(Error::corrupt(
+                format!(
+                    "the root is not a directory with contents (mode {:o}, {} links, {} bytes)",
+                    root.i_mode, root.i_links_count, root.i_size
+                ),
+                "inode 2",
+            ));
+        }
+        Ok(())
     }
 
     /// What a writable open does before it hands the filesystem out: check the group

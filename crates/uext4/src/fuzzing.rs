@@ -389,6 +389,8 @@ impl ScriptReport {
                 | Error::TooManyLinks(_)
                 | Error::FileTooLarge(_)
                 | Error::ReadOnly(_)
+                // An immutable or append-only inode the image holds (EPERM).
+                | Error::NotPermitted(_)
                 // The script's own arguments are valid: EINVAL comes from what the
                 // image holds (a name that now leads to a directory, say).
                 | Error::Invalid(_)

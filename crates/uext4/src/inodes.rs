@@ -122,6 +122,20 @@ impl Filesystem {
         if self.vol.geo.metadata_csum && self.vol.geo.verify_checksums {
             inode.verify_checksum(ino, self.vol.geo.csum_seed)?;
         }
+        // As the kernel's ext4_iget ("bad i_size value"): a size past what the
+        // inode's mapping can reach is damage, and walking to it would never end.
+        if inode.i_mode != 0 {
+            let limit = match inode.has_flag(crate::format::inode::EXT4_EXTENTS_FL) {
+                true => self.max_file_size(),
+                false => self.max_block_mapped_size().max(self.max_file_size()),
+            };
+            if inode.i_size > limit {
+                return Err(Error::corrupt(
+                    format!("i_size {} is past the largest file size, {limit}", inode.i_size),
+                    format!("inode {ino}"),
+                ));
+            }
+        }
         Ok(self.cache_inode(ino, inode))
     }
 

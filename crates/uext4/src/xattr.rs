@@ -303,6 +303,16 @@ impl Filesystem {
             false => None,
         };
         let mut tx = self.begin(4)?;
+        // As the kernel's ext4_xattr_update_super_block: the first attribute
+        // on a filesystem without ext_attr turns the feature on, or e2fsck
+        // would take the xattr block for damage (and free it).
+        if needs_block || !body.is_empty() {
+            let mut sb = self.vol.sb.write();
+            if sb.s_feature_compat & crate::format::superblock::COMPAT_EXT_ATTR == 0 {
+                sb.s_feature_compat |= crate::format::superblock::COMPAT_EXT_ATTR;
+                self.stage_superblock(&mut tx, &sb)?;
+            }
+        }
 
         let body: Vec<(u8, Vec<u8>, Vec<u8>)> = body.into_iter().map(|a| (a.index, a.suffix, a.value)).collect();
         inode.set_xattr_area(&ibody_area(area_len, &body));

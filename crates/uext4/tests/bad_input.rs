@@ -390,6 +390,46 @@ fn looping_extent_trees_are_corrupt() {
 }
 
 #[test]
+fn a_size_past_the_largest_file_is_corrupt() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    // As the kernel's ext4_iget ("bad i_size value"): a walk to such a size
+    // (copy-out's SEEK_DATA) never ended before.
+    for shape in [Shape::Csum, Shape::NoCsum] {
+        let base = fixture(shape);
+        let ino = ino_of(&base, "/medium");
+        let what = format!("{} i_size of 2^48 - 1", shape.name());
+        let mut img = base.clone();
+        edit_inode(&mut img, ino, |s| {
+            s[0x04..0x08].copy_from_slice(&u32::MAX.to_le_bytes());
+            s[0x6c..0x70].copy_from_slice(&0xffffu32.to_le_bytes());
+        });
+        let (v, i) = both_modes(&what, &img);
+        assert_corrupt_mentioning(&what, &i, &["past the largest file size"]);
+        // With checksums verified the edit may be caught as a checksum first.
+        assert!(!v.is_clean(), "{what}: not detected");
+    }
+}
+
+/// A root that is not a directory refuses the open, as the kernel refuses the
+/// mount ("corrupt root inode"); before, `ls IMG:/` printed an empty line and
+/// the mount came up with an unreadable root.
+#[test]
+fn a_root_that_is_not_a_directory_refuses_the_open() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    for shape in [Shape::Csum, Shape::NoCsum] {
+        let mut img = fixture(shape);
+        let what = format!("{} root made a regular file", shape.name());
+        edit_inode(&mut img, 2, |s| s[0..2].copy_from_slice(&0o100644u16.to_le_bytes()));
+        let (_, i) = both_modes(&what, &img);
+        assert_corrupt_mentioning(&what, &i, &["root is not a directory"]);
+    }
+}
+
+#[test]
 fn extents_past_the_end_are_corrupt() {
     if !require_e2fsprogs() {
         return;

@@ -124,3 +124,35 @@ fn a_block_shared_by_the_kernel_is_copied_before_it_changes() {
     assert_eq!(a.get(&b"user.shared"[..]).map(|v| v.len()), Some(500));
     assert_eq!(kernel_xattrs(&m.dir.join("c")).get(&b"user.shared"[..]).map(|v| v.len()), Some(500));
 }
+
+/// The first attribute on a filesystem made without ext_attr turns the
+/// feature on (as the kernel's ext4_xattr_update_super_block does): e2fsck
+/// otherwise takes the xattr block for damage (it said "i_file_acl ... should
+/// be zero" and freed it). dumpe2fs lists the feature, e2fsck -fn is silent and
+/// the kernel reads the attribute.
+#[test]
+fn the_first_xattr_turns_ext_attr_on() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    oracle::run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-t", "ext2", "-I", "128", "-O", "^ext_attr"])
+            .arg(&image)
+            .arg("8M"),
+    );
+    let features = oracle::dumpe2fs_field(&image, "Filesystem features").unwrap();
+    assert!(!features.contains("ext_attr"), "{features}");
+    {
+        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+        let ino = fs.create(ROOT_INO, b"f", 0o644, ROOT).unwrap().ino;
+        fs.set_xattr(ino, b"user.t", b"hello", 0).unwrap();
+    }
+    let features = oracle::dumpe2fs_field(&image, "Filesystem features").unwrap();
+    assert!(features.contains("ext_attr"), "{features}");
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "ro");
+    assert_eq!(kernel_xattrs(&m.dir.join("f")).get(&b"user.t"[..]).map(Vec::as_slice), Some(&b"hello"[..]));
+}

@@ -182,6 +182,10 @@ impl Filesystem {
             let in_block = pos % bs;
             let blocks_needed = (in_block + (want - done) as u64).div_ceil(bs);
             let m = self.map_blocks(ino, inode, lblk, blocks_needed.min(MAX_RUN_BLOCKS))?;
+            // Never a step of nothing (a loop that would not end).
+            if m.len == 0 {
+                return Err(Error::corrupt(format!("block {lblk} cannot be mapped"), format!("inode {ino}")));
+            }
             let run_bytes = (m.len * bs - in_block).min((want - done) as u64) as usize;
             match m.kind {
                 MapKind::Hole | MapKind::Unwritten(_) => each(Run::Zeros(run_bytes))?,

@@ -252,6 +252,9 @@ impl Filesystem {
         let last = inode.i_size.div_ceil(bs);
         while lblk < last {
             let m = self.map_blocks(ino, &inode, lblk, last - lblk)?;
+            if m.len == 0 {
+                return Err(Error::corrupt(format!("block {lblk} cannot be mapped"), format!("inode {ino}")));
+            }
             let is_data = matches!(m.kind, MapKind::Mapped(_));
             if is_data == data {
                 return Ok(Some((lblk * bs).max(offset)));
