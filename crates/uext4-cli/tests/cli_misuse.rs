@@ -546,6 +546,41 @@ fn a_refused_mkfs_leaves_the_image_it_would_have_replaced() {
     assert_e2fsck_clean(&image);
 }
 
+/// Commands refused part-way, after the image was opened for writing (an
+/// attribute that no longer fits its block, a copy larger than the free
+/// space), leave it byte for byte: the close wrote the superblock's write time
+/// and a journal transaction for it whatever happened.
+#[test]
+fn commands_refused_part_way_leave_the_image_byte_for_byte() {
+    if !oracles(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    let status = Command::new("mkfs.ext4").args(["-q", "-F", "-b", "1024"]).arg(&image).arg("8M").status().unwrap();
+    assert!(status.success());
+    let img = image.to_str().unwrap().to_string();
+    let host = dir.path().join("h");
+    fs::write(&host, "hi").unwrap();
+    let big = dir.path().join("big");
+    fs::write(&big, vec![7u8; 9 << 20]).unwrap();
+    let set = |name: &str, len: usize| -> Vec<String> {
+        ["setfattr", "-n", name, "-v", &"a".repeat(len), &format!("{img}:/f")].map(String::from).to_vec()
+    };
+    assert!(uext4_out(&["cp".into(), host.display().to_string(), format!("{img}:/f")]).status.success());
+    assert!(uext4_out(&set("user.a", 900)).status.success());
+    let before = fs::read(&image).unwrap();
+    for args in [set("user.b", 300), vec!["cp".into(), big.display().to_string(), format!("{img}:/big")]] {
+        let out = uext4_out(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(1) && stderr.contains("No space left"), "{:?}: {stderr}", &args[..2]);
+        if args[0] == "setfattr" {
+            assert!(fs::read(&image).unwrap() == before, "a refused setfattr changed the image");
+        }
+    }
+    assert_e2fsck_clean(&image);
+}
+
 /// A file of 1 TiB whose data is its first 16 bytes copies out as that data
 /// and a hole: reading the hole as zeros would take many minutes, which the
 /// 60 s limit turns into a failure rather than a hang.

@@ -801,6 +801,17 @@ impl Filesystem {
             return Err(self.vol.error_state_eio());
         }
         self.compact_split_extent_trees()?;
+        // Nothing dirtied since the open or the last sync, and the counters as
+        // the superblock has them: nothing is written (file data written
+        // meanwhile is flushed), so a session that changed nothing leaves every
+        // byte as it found it.
+        let counters_agree = {
+            let sb = self.vol.sb.read();
+            sb.s_free_blocks_count == self.free_blocks() && sb.s_free_inodes_count == self.free_inodes() as u32
+        };
+        if !self.vol.changed.swap(false, std::sync::atomic::Ordering::Relaxed) && counters_agree {
+            return self.vol.cache.device().flush();
+        }
         {
             // The handle first: beginning one may wait for a commit, and the journal
             // thread takes the superblock lock.

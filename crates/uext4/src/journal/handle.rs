@@ -47,6 +47,7 @@ impl Handle<'_> {
     /// Records that `buf` was changed under this handle.
     pub fn dirty(&mut self, buf: &Arc<Buffer>) {
         self.dirtied = true;
+        self.vol.changed.store(true, std::sync::atomic::Ordering::Relaxed);
         match self.vol.journal() {
             Some(journal) => journal.dirtied(buf),
             None => {

@@ -141,6 +141,11 @@ pub struct Volume {
     read_only_reason: String,
     /// Damage a read-only open went on with (a group descriptor checksum mismatch).
     damage_at_open: Option<String>,
+    /// A handle dirtied metadata since the open or the last sync: a sync with
+    /// nothing to write leaves the image (its superblock's write time, the
+    /// journal's sequence) as it was, so a command refused part-way changes
+    /// nothing.
+    pub(crate) changed: AtomicBool,
 }
 
 impl Volume {
@@ -193,6 +198,7 @@ impl Volume {
             read_only: AtomicBool::new(read_only),
             read_only_reason: reason,
             damage_at_open: bad_checksum,
+            changed: AtomicBool::new(false),
         };
         let mut zone: Vec<(u64, u64)> = vol.metadata_ranges().into_iter().map(|(start, end, _)| (start, end)).collect();
         zone.sort_unstable();
