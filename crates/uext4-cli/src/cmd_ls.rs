@@ -118,9 +118,17 @@ pub fn run_ls(a: LsArgs) -> CliResult<()> {
     };
     let out = std::io::stdout();
     let mut out = out.lock();
+    // As GNU ls: an entry that cannot be read is reported and the rest listed.
+    let mut unreadable = Vec::new();
     for (name, ino) in entries {
         if a.long {
-            let st = fs.stat(ino)?;
+            let st = match fs.stat(ino) {
+                Ok(st) => st,
+                Err(e) => {
+                    unreadable.push(Failure::about(&format!("ls: cannot access {}", show_name(&name)), &e));
+                    continue;
+                }
+            };
             let mut line = format!(
                 "{} {:>3} {:>5} {:>5} {:>10} {} {}",
                 mode_string(st.file_type, st.perm),
@@ -136,14 +144,22 @@ pub fn run_ls(a: LsArgs) -> CliResult<()> {
             );
             if st.file_type == FileType::Symlink {
                 line.push_str(" -> ");
-                line.push_str(&show_name(&fs.read_link(ino)?));
+                match fs.read_link(ino) {
+                    Ok(target) => line.push_str(&show_name(&target)),
+                    Err(e) => {
+                        unreadable.push(Failure::about(&format!("ls: cannot read link {}", show_name(&name)), &e))
+                    }
+                }
             }
             writeln!(out, "{line}")?;
         } else {
             writeln!(out, "{}", show_name(&name))?;
         }
     }
-    Ok(())
+    match unreadable.is_empty() {
+        true => Ok(()),
+        false => Err(Failure::all(unreadable)),
+    }
 }
 
 pub fn run_cat(a: CatArgs) -> CliResult<()> {

@@ -581,6 +581,37 @@ fn commands_refused_part_way_leave_the_image_byte_for_byte() {
     assert_e2fsck_clean(&image);
 }
 
+/// A file whose size lies past the largest file (damage the kernel refuses
+/// at iget) is refused by name, quickly (copying it out spun forever), and a
+/// long listing of its directory shows the other entries and exits 1, as GNU
+/// ls does for an entry it cannot stat.
+#[test]
+fn a_file_sized_past_the_largest_is_refused_by_name_and_listed_around() {
+    if !oracles(false) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("img");
+    let status = Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("64M").status().unwrap();
+    assert!(status.success());
+    let img = image.to_str().unwrap().to_string();
+    let host = dir.path().join("h");
+    fs::write(&host, "hi").unwrap();
+    assert!(uext4_out(&["cp".into(), host.display().to_string(), format!("{img}:/f")]).status.success());
+    debugfs_w(&image, &["sif /f size 0xffffffffffff".into()]);
+    let out_dir = dir.path().join("out");
+    fs::create_dir(&out_dir).unwrap();
+    let started = std::time::Instant::now();
+    let out = uext4_out(&["cp".into(), format!("{img}:/f"), out_dir.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(1) && stderr.contains("past the largest file size"), "{out:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "cp took {:?}", started.elapsed());
+    let out = uext4_out(&["ls".into(), "-l".into(), format!("{img}:/")]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.code() == Some(1), "{out:?}");
+    assert!(stdout.contains("lost+found") && stderr.contains("cannot access f"), "{stdout}\n{stderr}");
+}
+
 /// A file of 1 TiB whose data is its first 16 bytes copies out as that data
 /// and a hole: reading the hole as zeros would take many minutes, which the
 /// 60 s limit turns into a failure rather than a hang.
