@@ -1006,8 +1006,9 @@ fn spliced_reads_return_what_the_kernel_reads() {
 /// its group; trusted.* names are not listed to an unprivileged user;
 /// chown(f, -1, -1) drops setuid and setgid; a removed working directory still
 /// opens; a default ACL is inherited (in place of the umask) by files, fifos
-/// and directories, and the umask applies without one. e2fsck -fn silent on
-/// both images afterwards.
+/// and directories, and the umask applies without one; chattr and lsattr work
+/// through the mount (FS_IOC_GETFLAGS, FS_IOC_FSGETXATTR, FS_IOC_SETFLAGS).
+/// e2fsck -fn silent on both images afterwards.
 #[test]
 fn flags_acls_and_ownership_rules_match_the_kernels_ext4() {
     if !fuse_oracles() {
@@ -1055,6 +1056,10 @@ fn flags_acls_and_ownership_rules_match_the_kernels_ext4() {
         t rm_in_app_d rm -f app_d/f
         t read_both cat imm app
         echo "sizes: $(stat -c %s imm app | tr '\n' ' ')"
+        echo c > ca; t chattr_i chattr +i ca; echo "lsattr: $(lsattr ca)"; t write_ca sh -c 'echo x > ca'
+        t chattr_minus_i chattr -i ca; t write_ca_again sh -c 'echo x > ca'; t nobody_chattr nobody chattr +a ca
+        mkdir cd; t chattr_a_dir chattr +a cd; echo "lsattr: $(lsattr -d cd)"; t create_in_cd touch cd/n; t rm_in_cd rm cd/n
+        t chattr_minus_a_dir chattr -a cd
         echo data > acl; chmod 644 acl; setfacl -m u:1000:rw acl; chmod 640 acl
         echo "acl: $(getfacl -cp acl | tr '\n' ' ')"
         t nobody_reads_acl nobody cat acl

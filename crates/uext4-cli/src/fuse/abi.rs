@@ -58,6 +58,7 @@ pub const FUSE_BATCH_FORGET: u32 = 42;
 pub const FUSE_FALLOCATE: u32 = 43;
 pub const FUSE_READDIRPLUS: u32 = 44;
 pub const FUSE_RENAME2: u32 = 45;
+pub const FUSE_IOCTL: u32 = 39;
 pub const FUSE_LSEEK: u32 = 46;
 /// sync(2)/syncfs(2) on the mount (protocol 7.34); see the server for which kernels send it.
 pub const FUSE_SYNCFS: u32 = 50;
@@ -252,6 +253,13 @@ pub enum Op<'a> {
     },
     /// sync(2) or syncfs(2) of the whole mount.
     Syncfs,
+    /// An ioctl of a regular file or directory (the kernel sends lsattr's
+    /// and chattr's, FS_IOC_GETFLAGS and FS_IOC_SETFLAGS, as these).
+    Ioctl {
+        cmd: u32,
+        input: &'a [u8],
+        out_size: u32,
+    },
     /// An operation this server does not implement (answered ENOSYS).
     Other,
 }
@@ -266,7 +274,7 @@ pub fn fixed_args_len(opcode: u32) -> usize {
         FUSE_GETATTR | FUSE_MKNOD | FUSE_RENAME2 | FUSE_CREATE | FUSE_FSYNC | FUSE_FSYNCDIR => 16,
         FUSE_SETXATTR => 8,
         FUSE_RELEASE | FUSE_RELEASEDIR | FUSE_FLUSH | FUSE_LSEEK => 24,
-        FUSE_FALLOCATE => 32,
+        FUSE_FALLOCATE | FUSE_IOCTL => 32,
         FUSE_SYNCFS => 8,
         FUSE_READ | FUSE_WRITE | FUSE_READDIR | FUSE_READDIRPLUS => 40,
         FUSE_SETATTR => 88,
@@ -380,6 +388,11 @@ impl<'a> Op<'a> {
             FUSE_INTERRUPT => Op::Interrupt,
             FUSE_FALLOCATE => Op::Fallocate { offset: u64_at(f, 8), length: u64_at(f, 16), mode: u32_at(f, 24) },
             FUSE_LSEEK => Op::Lseek { offset: u64_at(f, 8), whence: u32_at(f, 16) },
+            FUSE_IOCTL => {
+                let in_size = u32_at(f, 24) as usize;
+                let input = rest.get(..in_size).ok_or(Malformed("ioctl input shorter than its size"))?;
+                Op::Ioctl { cmd: u32_at(f, 12), input, out_size: u32_at(f, 28) }
+            }
             _ => Op::Other,
         })
     }
@@ -568,6 +581,15 @@ impl<'b> Payload<'b> {
     pub fn size_out(&mut self, size: u32) {
         self.u32(size);
         self.u32(0);
+    }
+
+    /// `struct fuse_ioctl_out` (a result, no retry), then the output bytes.
+    pub fn ioctl_out(&mut self, result: i32, output: &[u8]) {
+        self.u32(result as u32);
+        self.u32(0);
+        self.u32(0);
+        self.u32(0);
+        self.put(output);
     }
 
     /// `struct fuse_lseek_out`.

@@ -890,6 +890,7 @@ impl Uext4Fuse {
             // server has not seen, and it does not write them back before asking:
             // ENOSYS makes it answer SEEK_DATA/SEEK_HOLE itself from its own size
             // (all data, one hole at the end), which is never wrong.
+            Op::Ioctl { cmd, input, out_size } => self.ioctl(ino, cmd, input, out_size, out),
             Op::Lseek { .. } if self.writeback_cache.load(Ordering::Relaxed) => Some(libc::ENOSYS),
             Op::Lseek { offset, whence } => {
                 let data = match whence as i32 {
@@ -977,6 +978,56 @@ impl Uext4Fuse {
             }
             Err(e) => Some(errno(&e)),
         }
+    }
+
+    /// lsattr and chattr: FS_IOC_GETFLAGS and FS_IOC_SETFLAGS (the kernel's
+    /// VFS has checked the caller: the owner, and CAP_LINUX_IMMUTABLE to change
+    /// immutable or append-only). Every other ioctl is not one ext4's files take
+    /// here: ENOTTY.
+    fn ioctl(&self, ino: u32, cmd: u32, input: &[u8], out_size: u32, out: &mut Payload) -> Answer {
+        // _IOR('f', 1, long) and _IOW('f', 2, long), and their 32-bit forms.
+        const GETFLAGS: [u32; 2] = [0x8008_6601, 0x8004_6601];
+        const SETFLAGS: [u32; 2] = [0x4008_6602, 0x4004_6602];
+        // _IOR('X', 31, struct fsxattr): what the VFS asks first when it sets flags.
+        const FSGETXATTR: u32 = 0x801c_581f;
+        if cmd == FSGETXATTR {
+            return match self.fs.flags(ino) {
+                Ok(flags) => {
+                    // ext4's flags as the fsxattr bits (ext4_iflags_to_xflags).
+                    let xflags = [(0x8, 0x20), (0x10, 0x8), (0x20, 0x10), (0x40, 0x80), (0x80, 0x40)]
+                        .iter()
+                        .filter(|&&(fl, _)| flags & fl != 0)
+                        .fold(0u32, |x, &(_, xf)| x | xf);
+                    let mut fsxattr = [0u8; 28];
+                    fsxattr[..4].copy_from_slice(&xflags.to_le_bytes());
+                    out.ioctl_out(0, &fsxattr[..(out_size as usize).min(28)]);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            };
+        }
+        let width = (out_size as usize).min(8);
+        if GETFLAGS.contains(&cmd) {
+            return match self.fs.flags(ino) {
+                Ok(flags) => {
+                    out.ioctl_out(0, &(flags as u64).to_le_bytes()[..width]);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            };
+        }
+        if SETFLAGS.contains(&cmd) {
+            let Some(bytes) = input.get(..4) else { return Some(libc::EINVAL) };
+            let flags = u32::from_le_bytes(bytes.try_into().unwrap_or_default());
+            return match self.fs.set_flags(ino, flags) {
+                Ok(()) => {
+                    out.ioctl_out(0, &[]);
+                    Some(0)
+                }
+                Err(e) => Some(errno(&e)),
+            };
+        }
+        Some(libc::ENOTTY)
     }
 
     fn setxattr(&self, ino: u32, flags: u32, name: &[u8], value: &[u8]) -> Answer {
