@@ -147,6 +147,11 @@ impl Extractor<'_> {
             FileType::Regular => self.copy_file(ino, st, dst)?,
             FileType::Symlink => {
                 let target = self.fs.read_link(ino)?;
+                // No host symlink holds these; the image's inode is what is wrong.
+                if target.is_empty() || target.contains(&0) {
+                    let what = if target.is_empty() { "an empty target" } else { "a NUL byte in its target" };
+                    return Err(Error::corrupt(format!("symlink with {what}"), format!("inode {ino}")));
+                }
                 std::os::unix::fs::symlink(OsStr::from_bytes(&target), dst).map_err(|e| host_error(dst, e))?;
             }
             FileType::Fifo | FileType::CharDevice | FileType::BlockDevice => self.make_node(st, dst)?,
