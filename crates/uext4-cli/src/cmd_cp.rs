@@ -63,6 +63,9 @@ struct Extractor<'a> {
     is_root: bool,
     copied: u64,
     progress: bool,
+    /// Entries of a recursive copy that could not be copied: reported as they
+    /// happen, and the copy goes on with the rest, as GNU cp -r does.
+    failures: u64,
 }
 
 fn host_error(path: &Path, e: std::io::Error) -> Error {
@@ -201,10 +204,18 @@ impl Extractor<'_> {
             if i < 2 && ((i == 0 && e.name == b".") || (i == 1 && e.name == b"..")) {
                 continue;
             }
-            safe_component(&e.name, &where_)?;
             let child = dst.join(OsStr::from_bytes(&e.name));
-            let st = self.fs.stat(e.ino)?;
-            self.copy(e.ino, &st, &child, true)?;
+            let copied = safe_component(&e.name, &where_)
+                .and_then(|()| self.fs.stat(e.ino))
+                .and_then(|st| self.copy(e.ino, &st, &child, true));
+            if let Err(err) = copied {
+                // The host is out of room or gone: nothing later can succeed.
+                if matches!(&err, Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull) {
+                    return Err(err);
+                }
+                eprintln!("uext4: cp: cannot copy to {}: {err}", escape(child.as_os_str().as_bytes()));
+                self.failures += 1;
+            }
         }
         Ok(())
     }
@@ -329,6 +340,7 @@ fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> 
         is_root: unsafe { libc::geteuid() } == 0,
         copied: 0,
         progress: std::io::stderr().is_terminal(),
+        failures: 0,
     };
     // As cp does: into an existing directory under the source's own name, else as DEST.
     // The root or a final '.' (`cp -r IMG:/dir/. HOSTDIR`): the contents go straight
@@ -366,5 +378,11 @@ fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> 
     if ex.progress && ex.copied >= 1000 {
         eprintln!("\r{} files copied", ex.copied);
     }
-    Ok(())
+    match ex.failures {
+        0 => Ok(()),
+        n => Err(Failure::refused(format!(
+            "cp: {n} {} could not be copied (named above); the rest were",
+            if n == 1 { "entry" } else { "entries" }
+        ))),
+    }
 }

@@ -614,7 +614,8 @@ fn a_file_sized_past_the_largest_is_refused_by_name_and_listed_around() {
 
 /// A symlink whose target is empty (damage: no host symlink can hold it) is
 /// refused naming the image's inode; it was reported as the host path "No
-/// such file or directory".
+/// such file or directory". The copy goes on with the rest and exits 1, as
+/// GNU cp -r does (it stopped there).
 #[test]
 fn a_symlink_with_an_empty_target_is_refused_naming_its_inode() {
     if !oracles(false) {
@@ -624,11 +625,17 @@ fn a_symlink_with_an_empty_target_is_refused_naming_its_inode() {
     let image = dir.path().join("img");
     let status = Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image).arg("16M").status().unwrap();
     assert!(status.success());
-    debugfs_w(&image, &["symlink a_link target".into(), "sif /a_link size 0".into()]);
+    let host = dir.path().join("z");
+    fs::write(&host, "after the link").unwrap();
+    debugfs_w(
+        &image,
+        &["symlink a_link target".into(), "sif /a_link size 0".into(), format!("write {} z_file", host.display())],
+    );
     let out_dir = dir.path().join("out");
     let out = uext4_out(&["cp".into(), "-r".into(), format!("{}:/", image.display()), out_dir.display().to_string()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code() == Some(1) && stderr.contains("symlink with an empty target (inode"), "{out:?}");
+    assert_eq!(fs::read_to_string(out_dir.join("z_file")).unwrap(), "after the link", "{stderr}");
 }
 
 /// A file of 1 TiB whose data is its first 16 bytes copies out as that data
