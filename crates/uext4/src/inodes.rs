@@ -1,6 +1,7 @@
-//! The inode table as the layers above see it: inodes parsed and their
-//! checksums verified once, then served from a bounded, sharded cache, and
-//! written back to their table slots under a handle.
+//! The inode table as the layers above see it: inodes parsed, their checksums
+//! verified and their size checked against the largest file once, then served
+//! from a bounded, sharded cache, and written back to their table slots under
+//! a handle.
 //!
 //! Invariants: the cached copy of an inode is never older than its table slot
 //! (a reader caches its parse while still holding the block's read lock, and

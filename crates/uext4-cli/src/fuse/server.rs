@@ -438,21 +438,24 @@ impl Uext4Fuse {
         let default = self.fs.get_xattr(parent_ino, DEFAULT_ACL.as_bytes())?;
         let (mut perm, inherited) = match default {
             Some(default) => {
-                let (access, perm, extended) =
-                    uext4::format::acl::inherit(&default, (mode & 0o7777) as u16).map_err(uext4::Error::Invalid)?;
+                // The ACL comes from the image: one it cannot be inherited from is damage.
+                let (access, perm, extended) = uext4::format::acl::inherit(&default, (mode & 0o7777) as u16)
+                    .map_err(|what| uext4::Error::corrupt(what, format!("default ACL of inode {parent_ino}")))?;
                 let access = extended.then_some(access);
                 (perm, Inherited { access, default: is_dir.then_some(default) })
             }
             None => ((mode & !umask & 0o7777) as u16, Inherited::default()),
         };
-        let mut gid = h.gid;
-        if parent.perm & S_ISGID != 0 {
-            gid = parent.gid;
-            if is_dir {
-                perm |= S_ISGID;
-            }
+        if is_dir && parent.perm & S_ISGID != 0 {
+            perm |= S_ISGID;
         }
-        Ok((Owner { uid: h.uid, gid }, perm, inherited))
+        Ok((Self::owner_under(h, &parent), perm, inherited))
+    }
+
+    /// The caller, with the group of a setgid parent.
+    fn owner_under(h: &InHeader, parent: &Stat) -> Owner {
+        let gid = if parent.perm & S_ISGID != 0 { parent.gid } else { h.gid };
+        Owner { uid: h.uid, gid }
     }
 
     /// Gives a new inode the ACLs it inherited; if that fails, the new name goes
@@ -743,8 +746,9 @@ impl Uext4Fuse {
             Op::Symlink { name, target } => {
                 // A symlink, too, takes the group of a setgid parent (and no ACL).
                 let made = self
-                    .new_owner(h, ino, 0o777, 0, false)
-                    .and_then(|(owner, _, _)| self.fs.symlink(ino, name, target, owner));
+                    .fs
+                    .stat(ino)
+                    .and_then(|parent| self.fs.symlink(ino, name, target, Self::owner_under(h, &parent)));
                 self.entry(made, out)
             }
             Op::Unlink { name } => Self::done(self.fs.unlink(ino, name)),
@@ -999,7 +1003,7 @@ impl Uext4Fuse {
                         .filter(|&&(fl, _)| flags & fl != 0)
                         .fold(0u32, |x, &(_, xf)| x | xf);
                     let mut fsxattr = [0u8; 28];
-                    fsxattr[..4].copy_from_slice(&xflags.to_le_bytes());
+                    fsxattr[..4].copy_from_slice(&xflags.to_ne_bytes());
                     out.ioctl_out(0, &fsxattr[..(out_size as usize).min(28)]);
                     Some(0)
                 }
@@ -1010,7 +1014,11 @@ impl Uext4Fuse {
         if GETFLAGS.contains(&cmd) {
             return match self.fs.flags(ino) {
                 Ok(flags) => {
-                    out.ioctl_out(0, &(flags as u64).to_le_bytes()[..width]);
+                    // A long for the ioctl's own size, an int for the VFS's fileattr path.
+                    match width {
+                        8 => out.ioctl_out(0, &(flags as u64).to_ne_bytes()),
+                        _ => out.ioctl_out(0, &flags.to_ne_bytes()[..width.min(4)]),
+                    }
                     Some(0)
                 }
                 Err(e) => Some(errno(&e)),
@@ -1018,7 +1026,7 @@ impl Uext4Fuse {
         }
         if SETFLAGS.contains(&cmd) {
             let Some(bytes) = input.get(..4) else { return Some(libc::EINVAL) };
-            let flags = u32::from_le_bytes(bytes.try_into().unwrap_or_default());
+            let flags = u32::from_ne_bytes(bytes.try_into().unwrap_or_default());
             return match self.fs.set_flags(ino, flags) {
                 Ok(()) => {
                     out.ioctl_out(0, &[]);

@@ -52,6 +52,8 @@
 //! - A directory whose blocks list names its lookups cannot find (a hash index
 //!   that no longer matches its leaves) would be passed over forever: after
 //!   `STUCK_LOOKUP_PASSES` passes in a row that remove nothing, `Corrupt`.
+//! - An immutable or append-only name (or directory) stops the removal with
+//!   EPERM where the kernel's rm -rf would fail on it; what went stays gone.
 //! - Hard links: an inode with names elsewhere only loses a link; shared
 //!   xattr blocks lose one reference per inode freed (`release_inode`).
 
