@@ -698,8 +698,8 @@ fn power_cuts_and_torn_writes_across_a_workload() {
         model.entries.len()
     );
     assert!(
-        stats.wraps >= 1 && stats.checkpoints >= 1 && stats.revokes_logged >= 1,
-        "the log must wrap, revoke and checkpoint: {stats:?}"
+        stats.wraps >= 1 && stats.checkpoints >= 1 && stats.revokes_logged >= 1 && stats.blocks_kept_in_log >= 1,
+        "the log must wrap, revoke and checkpoint, and a checkpoint must leave hot blocks in the log: {stats:?}"
     );
 
     // Power cuts spread evenly; tears of the writes spanning several units.
@@ -1218,10 +1218,11 @@ fn io_errors_in_the_middle_of_operations() {
          failed cleanly; {promised} fsync'd files verified; {early} runs ended before their fault",
         faults.len()
     );
-    // The workload makes about 210 read requests (inode-table walks read 32
-    // blocks in one), and every one of them gets its fault; a quarter of the
-    // faults on reads leaves room for read-ahead to vary with timing.
-    assert!(on_reads >= faults.len() / 4, "only {on_reads} faults fall on reads");
+    // The workload makes 90 to 210 read requests (inode-table walks read 32
+    // blocks in one; how many depends on when commits and checkpoints fall
+    // between its cache drops), and each gets a fault of its own. Fewer than 50
+    // would mean it no longer reads its metadata from the device.
+    assert!(on_reads >= 50, "only {on_reads} faults fall on reads");
     assert!(faults.len() >= total * 9 / 10, "only {} distinct faults", faults.len());
     assert!(early <= faults.len() / 20, "{early} runs ended before their fault");
     assert!(errored > 0, "no fault reached the error state: the phase tests nothing");

@@ -17,9 +17,11 @@
 //! change is split, at a handle boundary, so no transaction outgrows the log.
 //!
 //! Committed copies stay pinned in memory with their cached buffers (so nobody
-//! reads a block's stale home copy) until a checkpoint writes them home and empties
-//! the log; the journal thread checkpoints once half the log or a quarter of the
-//! cache is pinned. Who waits for what: `wait_committed(tid)` waits for one
+//! reads a block's stale home copy) until a checkpoint writes them home. The
+//! journal thread checkpoints once half the log or a quarter of the cache is
+//! pinned: it writes home all but the hot copies (blocks the last two
+//! transactions both logged), whose last transaction stays in the log as its
+//! tail; sync and close empty the log. Who waits for what: `wait_committed(tid)` waits for one
 //! transaction (fsync waits for the one holding its inode's last change); nobody
 //! waiting holds a handle, and the journal thread takes no lock of the namespace,
 //! inodes or groups (its narrow view of the filesystem is `JournalOwner`).
@@ -32,8 +34,9 @@
 //! superblock and turns read-only. Recovery at the next open replays what was
 //! committed before the abort.
 //!
-//! Invariants: the journal superblock's s_start is 0 exactly when no committed
-//! transaction awaits checkpoint, and the ext4 superblock says needs_recovery
+//! Invariants: every committed copy not yet home was logged by a transaction of
+//! the live log (from s_start on); the journal superblock's s_start is 0 exactly
+//! when no committed transaction awaits checkpoint, and the ext4 superblock says needs_recovery
 //! whenever it is not 0; the flag stays set over an empty log after the
 //! journal thread's checkpoints (as the kernel keeps it while mounted) and is
 //! cleared by `checkpoint_all` (sync, close). A block freed while the live log or the committing transaction
@@ -48,7 +51,7 @@ use crate::cache::{Buffer, BufferCache};
 use crate::error::{Error, Result};
 use crate::format::journal::*;
 use parking_lot::{Condvar, Mutex, RwLock};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -153,8 +156,32 @@ struct LogState {
     /// commit cost two superblock writes and flushes per checkpoint.
     recovery_flag_home: bool,
     /// The newest committed copy of every block awaiting checkpoint.
-    checkpoint: BTreeMap<u64, (Arc<Buffer>, Box<[u8]>)>,
+    checkpoint: BTreeMap<u64, Pinned>,
+    /// The committed transactions of the live log, oldest first.
+    live: VecDeque<LiveTransaction>,
+    /// The blocks of the last transaction written: a block logged by two
+    /// transactions in a row is hot, and a checkpoint leaves it in the log.
+    last_blocks: HashSet<u64>,
     stats: JournalStats,
+}
+
+/// A committed copy awaiting checkpoint: its buffer (pinned in the cache, so
+/// nobody reads the stale home block), the bytes as committed, the transaction
+/// that logged them (its `JournalStats::commits` number), and whether the
+/// transaction before that one logged the block too.
+struct Pinned {
+    buf: Arc<Buffer>,
+    data: Box<[u8]>,
+    commit: u64,
+    hot: bool,
+}
+
+/// A transaction of the live log: where recovery would start to replay it.
+struct LiveTransaction {
+    commit: u64,
+    sequence: u32,
+    start: u32,
+    blocks: Vec<u64>,
 }
 
 /// What `Filesystem::journal_stats` reports.
@@ -164,6 +191,10 @@ pub struct JournalStats {
     pub checkpoints: u64,
     pub blocks_logged: u64,
     pub revokes_logged: u64,
+    /// Committed copies written to their home blocks by checkpoints.
+    pub blocks_written_home: u64,
+    /// Hot copies a checkpoint left in the log (each counted once per checkpoint).
+    pub blocks_kept_in_log: u64,
     /// Always 0: a transaction is split at handle boundaries before it outgrows
     /// the log, never written home outside it. Kept for callers that report it.
     pub unjournaled_commits: u64,
@@ -323,6 +354,8 @@ impl Journal {
                 live_from: None,
                 recovery_flag_home: false,
                 checkpoint: BTreeMap::new(),
+                live: VecDeque::new(),
+                last_blocks: HashSet::new(),
                 stats: JournalStats::default(),
             }),
         });
@@ -610,7 +643,7 @@ impl Journal {
                 result = self.commit_running(&mut log);
             }
             if result.is_ok() && checkpoint {
-                result = self.checkpoint_locked(&mut log, &[], FlagAfter::Keep);
+                result = self.checkpoint_cold(&mut log);
             }
             drop(log);
             if let Err(e) = result {
@@ -641,19 +674,27 @@ impl Journal {
         };
         self.changed.notify_all();
         let result = if copies.is_empty() && revokes.is_empty() {
-            Ok(())
+            Ok(None)
         } else {
-            self.write_transaction(log, &copies, &revokes)
+            self.write_transaction(log, &copies, &revokes).map(Some)
         };
         match result {
-            Ok(()) => {
+            Ok(written) => {
                 // Revoked blocks are free now and may be reused once this returns:
                 // their old copies must never be written home.
                 for block in &revokes {
                     log.checkpoint.remove(block);
                 }
-                for (buf, data) in copies {
-                    log.checkpoint.insert(buf.block, (buf, data));
+                if let Some((sequence, start)) = written {
+                    let commit = log.stats.commits;
+                    let blocks: Vec<u64> = copies.iter().map(|(b, _)| b.block).collect();
+                    let last_blocks: HashSet<u64> = blocks.iter().copied().collect();
+                    for (buf, data) in copies {
+                        let hot = log.last_blocks.contains(&buf.block);
+                        log.checkpoint.insert(buf.block, Pinned { buf, data, commit, hot });
+                    }
+                    log.last_blocks = last_blocks;
+                    log.live.push_back(LiveTransaction { commit, sequence, start, blocks });
                 }
                 self.owner.committed(tid);
                 let mut st = self.state.lock();
@@ -682,12 +723,13 @@ impl Journal {
 
     /// Writes one transaction into the log: descriptors with their copies, revoke
     /// blocks, a flush, the commit block, a flush.
+    /// Returns the transaction's sequence and the log block it starts at.
     fn write_transaction(
         &self,
         log: &mut LogState,
         copies: &[(Arc<Buffer>, Box<[u8]>)],
         revokes: &BTreeSet<u64>,
-    ) -> Result<()> {
+    ) -> Result<(u32, u32)> {
         let jsb = log.jsb.clone();
         let per_descriptor = tags_per_descriptor(&jsb);
         let per_revoke = revokes_per_block(&jsb);
@@ -759,7 +801,7 @@ impl Journal {
         log.stats.commits += 1;
         log.stats.blocks_logged += copies.len() as u64;
         log.stats.revokes_logged += revoked.len() as u64;
-        Ok(())
+        Ok((sequence, start))
     }
 
     /// Writes every committed copy home and empties the log, then clears
@@ -784,6 +826,7 @@ impl Journal {
             return result;
         }
         log.checkpoint.clear();
+        log.live.clear();
         log.live_from = None;
         log.stats.checkpoints += 1;
         if let Err(e) = self.clear_recovery_flag(log, flag) {
@@ -801,13 +844,23 @@ impl Journal {
     }
 
     fn write_home(&self, log: &mut LogState) -> Result<()> {
-        // Neighbouring blocks (inode tables, bitmaps) go home in one request.
+        self.write_copies_home(log.checkpoint.iter().map(|(&block, p)| (block, &p.data[..])))?;
+        log.stats.blocks_written_home += log.checkpoint.len() as u64;
+        log.jsb.s_start = 0;
+        log.jsb.s_sequence = log.sequence;
+        self.write_jblock(0, &log.jsb.to_bytes())?;
+        self.cache.device().flush()
+    }
+
+    /// Writes committed copies to their home blocks, in ascending block order,
+    /// then flushes: neighbouring blocks (inode tables, bitmaps) go in one request.
+    fn write_copies_home<'a>(&self, copies: impl Iterator<Item = (u64, &'a [u8])>) -> Result<()> {
         const MAX_RUN_BLOCKS: u64 = 256;
         let dev = self.cache.device();
         let bs = self.cache.block_size() as u64;
         let mut run: Vec<u8> = Vec::new();
         let (mut run_start, mut run_len) = (0u64, 0u64);
-        for (&block, (_, data)) in &log.checkpoint {
+        for (block, data) in copies {
             if run_len > 0 && (block != run_start + run_len || run_len == MAX_RUN_BLOCKS) {
                 dev.write_at(run_start * bs, &run)?;
                 run.clear();
@@ -822,11 +875,62 @@ impl Journal {
         if run_len > 0 {
             dev.write_at(run_start * bs, &run)?;
         }
-        dev.flush()?;
-        log.jsb.s_start = 0;
-        log.jsb.s_sequence = log.sequence;
-        self.write_jblock(0, &log.jsb.to_bytes())?;
         dev.flush()
+    }
+
+    /// The journal thread's checkpoint: writes home every committed copy but the
+    /// hot ones (logged by the last transaction and the one before it: a
+    /// directory leaf or bitmap that every transaction changes), and moves the
+    /// log's tail to the oldest transaction a kept copy needs. A hot block is
+    /// thereby written home once when it cools (or at sync), not once per
+    /// checkpoint, as jbd2 leaves a buffer that a newer transaction holds off its
+    /// older transaction's checkpoint list. If the kept copies are more than
+    /// half of what triggers a checkpoint, everything goes home instead (a
+    /// workload whose every block is hot must still empty the log). A failed
+    /// write aborts the journal. The caller holds the log.
+    fn checkpoint_cold(&self, log: &mut LogState) -> Result<()> {
+        let latest = log.live.back().map(|t| t.commit);
+        let kept = log.checkpoint.values().filter(|p| p.hot && Some(p.commit) == latest).count();
+        if kept == 0 || kept * 2 >= self.limits.checkpoint_pinned {
+            return self.checkpoint_locked(log, &[], FlagAfter::Keep);
+        }
+        if let Some(why) = &self.state.lock().aborted {
+            return Err(io_error(why));
+        }
+        let keep = |p: &Pinned| p.hot && Some(p.commit) == latest;
+        let written =
+            self.write_copies_home(log.checkpoint.values().filter(|p| !keep(p)).map(|p| (p.buf.block, &p.data[..])));
+        if let Err(e) = written {
+            self.abort(&format!("checkpoint failed: {e}"));
+            return Err(e);
+        }
+        let before = log.checkpoint.len();
+        log.checkpoint.retain(|_, p| keep(p));
+        log.stats.blocks_written_home += (before - log.checkpoint.len()) as u64;
+        log.stats.blocks_kept_in_log += log.checkpoint.len() as u64;
+        log.stats.checkpoints += 1;
+        // Every kept copy is the last transaction's: the tail moves to it.
+        while log.live.len() > 1 {
+            log.live.pop_front();
+        }
+        let tail = log.live.front().map(|t| (t.start, t.sequence)).expect("a kept copy's transaction is live");
+        if log.live_from != Some(tail.0) {
+            (log.jsb.s_start, log.jsb.s_sequence) = tail;
+            let moved = self.write_jblock(0, &log.jsb.to_bytes()).and_then(|_| self.cache.device().flush());
+            if let Err(e) = moved {
+                self.abort(&format!("checkpoint failed: {e}"));
+                return Err(e);
+            }
+            log.live_from = Some(tail.0);
+        }
+        let mut st = self.state.lock();
+        st.in_log.clear();
+        st.in_log.extend(log.live.iter().flat_map(|t| t.blocks.iter().copied()));
+        st.log_used = log.used();
+        st.pinned = log.checkpoint.len();
+        drop(st);
+        self.changed.notify_all();
+        Ok(())
     }
 
     /// Clears needs_recovery over an empty log when `flag` asks for it.
@@ -974,6 +1078,50 @@ mod tests {
         dev.read_at(17 * BS as u64, &mut home).unwrap();
         assert!(home.iter().all(|&b| b == rounds as u8));
         journal.shutdown();
+    }
+
+    #[test]
+    fn a_checkpoint_leaves_hot_blocks_in_the_log_and_writes_the_rest_home() {
+        let dev = device();
+        let owner = Arc::new(Recorder::default());
+        let (cache, journal) = load(&dev, &owner);
+        // Block 10 changes in every transaction (a leaf every create touches),
+        // block 20 + round in one only (an inode-table block).
+        let mut round = 0u8;
+        while journal.stats().blocks_kept_in_log == 0 {
+            round += 1;
+            assert!(round < 60, "no checkpoint kept a hot block after {round} commits");
+            let tid = {
+                let joined = journal.join(2).unwrap();
+                for block in [10, 20 + round as u64] {
+                    let buf = cache.get(block).unwrap();
+                    buf.write().fill(round);
+                    journal.dirtied(&buf);
+                }
+                joined.tid
+            };
+            journal.wait_committed(tid).unwrap();
+        }
+        journal.shutdown();
+        let stats = journal.stats();
+        // A crash here: recovery replays the log over the home blocks.
+        let r = replay(&dev);
+        let recovered = |block: u64| {
+            r.blocks.get(&block).map(|b| b[0]).unwrap_or_else(|| {
+                let mut home = vec![0u8; BS];
+                dev.read_at(block * BS as u64, &mut home).unwrap();
+                home[0]
+            })
+        };
+        assert_eq!(recovered(10), round, "the hot block's newest committed copy survives");
+        for r in 1..=round {
+            assert_eq!(recovered(20 + r as u64), r, "cold block {} after recovery", 20 + r as u64);
+        }
+        let mut home = vec![0u8; BS];
+        dev.read_at(10 * BS as u64, &mut home).unwrap();
+        assert_ne!(home[0], round, "the hot block was left in the log, not written home");
+        assert!(r.transactions <= 2, "the tail moved past the older transactions ({} live)", r.transactions);
+        assert!(stats.blocks_written_home >= 1, "the cold blocks went home: {stats:?}");
     }
 
     /// Fails writes from a chosen one on.
