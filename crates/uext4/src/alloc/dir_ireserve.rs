@@ -10,7 +10,10 @@
 //! (Jan Kara: the group is the parent's, not whatever the generic policy picks);
 //! only when none is free there does the file go where the ordinary policy puts
 //! it. A new directory looks for its window in the groups the ordinary policy
-//! would try, in that order.
+//! would try, in that order; a top-level one where the kernel's Orlov puts it,
+//! packed from the first group of the emptiest flex group (windows keep each
+//! directory's files together, which the ordinary policy's spreading over
+//! single groups otherwise does, and packed windows go home in long runs).
 //!
 //! Each group keeps a next-free-window hint (Mingming Cao): the first base
 //! window that may be free. Searches start there, never at bit 0, and a freed
@@ -258,6 +261,13 @@ impl InodePolicy for DirReservePolicy {
 
     fn preferred(&self, vol: &Volume, req: &InodeRequest) -> Vec<u32> {
         match req.is_dir {
+            // A top-level directory's window goes where the kernel's Orlov puts
+            // the directory: the emptiest flex group, packed from its first
+            // group. The ordinary policy spreads them over single groups, which
+            // keeps files of directories made round-robin apart when nothing
+            // else does; a window does that itself, and packed windows are
+            // written home in a few long runs instead of one per group.
+            true if req.parent == crate::ns::ROOT_INO => super::inode::flex_orlov_order(vol, req),
             true => self.ordinary.group_order(vol, req),
             false => vec![self.group_of(req.parent)],
         }
@@ -325,8 +335,9 @@ impl InodePolicy for DirReservePolicy {
         }
     }
 
-    fn wants_neighbours(&self, parent: u32, _indexed: bool) -> bool {
-        !self.state.lock().dirs.contains_key(&parent)
+    fn wants_neighbours(&self, parent: u32, _indexed: bool, is_dir: bool) -> bool {
+        // A new directory takes a new window: its parent's files do not matter.
+        !is_dir && !self.state.lock().dirs.contains_key(&parent)
     }
 
     fn windows(&self) -> Vec<(u32, Window)> {

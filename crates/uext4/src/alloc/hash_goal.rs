@@ -242,7 +242,7 @@ impl InodePolicy for HashGoal {
         }
     }
 
-    fn wants_neighbours(&self, parent: u32, indexed: bool) -> bool {
+    fn wants_neighbours(&self, parent: u32, indexed: bool, _is_dir: bool) -> bool {
         indexed && !self.spans.lock().contains_key(&parent)
     }
 

@@ -81,10 +81,11 @@ pub trait InodePolicy: Send + Sync {
     /// `ino` was freed.
     fn freed(&self, _vol: &Volume, _ino: u32, _was_dir: bool) {}
 
-    /// Whether placing a new inode under `parent` needs `InodeRequest::neighbours`
-    /// (and, in an indexed parent, the name's hash and leaf), which cost reading
-    /// the parent's block.
-    fn wants_neighbours(&self, _parent: u32, _indexed: bool) -> bool {
+    /// Whether placing a new inode (a directory if `is_dir`) under `parent`
+    /// needs `InodeRequest::neighbours` (and, in an indexed parent with a policy
+    /// that wants the name hash, the leaf's hashes), which cost reading the
+    /// parent's block.
+    fn wants_neighbours(&self, _parent: u32, _indexed: bool, _is_dir: bool) -> bool {
         false
     }
 
@@ -154,8 +155,8 @@ impl InodePolicy for Layered {
         self.layers.iter().for_each(|l| l.freed(vol, ino, was_dir));
     }
 
-    fn wants_neighbours(&self, parent: u32, indexed: bool) -> bool {
-        self.layers.iter().any(|l| l.wants_neighbours(parent, indexed))
+    fn wants_neighbours(&self, parent: u32, indexed: bool, is_dir: bool) -> bool {
+        self.layers.iter().any(|l| l.wants_neighbours(parent, indexed, is_dir))
     }
 
     fn wants_name_hash(&self, indexed: bool) -> bool {
@@ -199,6 +200,40 @@ impl InodePolicy for MainlinePolicy {
             .unwrap_or(parent_group);
         rotated(best).collect()
     }
+}
+
+/// The kernel's Orlov order for a top-level directory on a flex_bg image
+/// (`find_group_orlov`): among flex groups with at least average free inodes
+/// and blocks, the one with the fewest directories, and in it its groups from
+/// the first (the kernel packs a flex group's inodes at the start of its
+/// inode tables); then every other group, from there on. Without flex groups
+/// (or with one) it is `MainlinePolicy`'s order.
+pub fn flex_orlov_order(vol: &Volume, req: &InodeRequest) -> Vec<u32> {
+    let groups = vol.geo.group_count;
+    let per_flex = vol.geo.groups_per_flex.clamp(1, groups.max(1));
+    let flexes = groups.div_ceil(per_flex);
+    if per_flex == 1 || flexes == 1 {
+        return MainlinePolicy.group_order(vol, req);
+    }
+    let descs: Vec<GroupDesc> = vol.groups.iter().map(|g| g.read().clone()).collect();
+    let sums = |f: u32| {
+        let members = (f * per_flex..((f + 1) * per_flex).min(groups)).map(|g| &descs[g as usize]);
+        members.fold((0u64, 0u64, 0u64), |(i, b, d), gd| {
+            (i + gd.bg_free_inodes_count as u64, b + gd.bg_free_blocks_count as u64, d + gd.bg_used_dirs_count as u64)
+        })
+    };
+    let stats: Vec<(u64, u64, u64)> = (0..flexes).map(sums).collect();
+    let avg_inodes = stats.iter().map(|s| s.0).sum::<u64>() / flexes as u64;
+    let avg_blocks = stats.iter().map(|s| s.1).sum::<u64>() / flexes as u64;
+    let best = (0..flexes)
+        .filter(|&f| {
+            let (inodes, blocks, _) = stats[f as usize];
+            inodes > 0 && inodes >= avg_inodes && blocks >= avg_blocks
+        })
+        .min_by_key(|&f| (stats[f as usize].2, f))
+        .unwrap_or(0);
+    let first = best * per_flex;
+    (0..groups).map(|i| (first + i) % groups).collect()
 }
 
 impl Allocator {
@@ -257,8 +292,8 @@ impl Allocator {
 
     /// Whether placing a new inode under `parent` wants `InodeRequest::neighbours`
     /// (see `InodePolicy::wants_neighbours`).
-    pub fn wants_neighbours(&self, parent: u32, indexed: bool) -> bool {
-        self.policy.wants_neighbours(parent, indexed)
+    pub fn wants_neighbours(&self, parent: u32, indexed: bool, is_dir: bool) -> bool {
+        self.policy.wants_neighbours(parent, indexed, is_dir)
     }
 
     /// Whether placing it wants `InodeRequest::name_hash`.

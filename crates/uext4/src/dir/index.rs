@@ -55,7 +55,9 @@ impl DxPath {
 }
 
 impl Filesystem {
-    fn dx_hash_of(&self, root_version: u8, name: &[u8]) -> Result<u32> {
+    /// The hash the index files `name` under, in a directory whose dx_root
+    /// names hash version `root_version` (`dx_root_version`).
+    pub(crate) fn dx_hash_of(&self, root_version: u8, name: &[u8]) -> Result<u32> {
         Ok(hash::dx_hash(name, self.effective_hash_version(root_version), &self.vol.geo.hash_seed)?.major)
     }
 
@@ -101,11 +103,6 @@ impl Filesystem {
             });
         }
         Ok(DxPath { root_version: info.hash_version, hash, levels: info.indirect_levels, frames })
-    }
-
-    /// The hash the index files `name` under in directory `dir`.
-    pub(crate) fn dx_name_hash(&self, dir: u32, inode: &Inode, name: &[u8]) -> Result<u32> {
-        self.dx_hash_of(self.dx_root_version(dir, inode)?, name)
     }
 
     /// The leaf block `name` belongs in.

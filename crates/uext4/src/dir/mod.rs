@@ -283,7 +283,7 @@ impl Filesystem {
         let inode = self.inode(dir)?;
         let indexed = self.is_indexed(&inode);
         let (want_neighbours, want_hash) =
-            (self.alloc.wants_neighbours(dir, indexed), self.alloc.wants_name_hash(indexed));
+            (self.alloc.wants_neighbours(dir, indexed, is_dir), self.alloc.wants_name_hash(indexed));
         if !(want_neighbours || want_hash) || inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(req);
         }
@@ -292,8 +292,13 @@ impl Filesystem {
         if req.parent_blocks == 0 {
             return Ok(req);
         }
-        if want_hash && indexed {
-            req.name_hash = Some(self.dx_name_hash(dir, &inode, name)?);
+        // One read of the htree root for every hash this request needs.
+        let version = match want_hash && indexed {
+            true => Some(self.dx_root_version(dir, &inode)?),
+            false => None,
+        };
+        if let Some(v) = version {
+            req.name_hash = Some(self.dx_hash_of(v, name)?);
         }
         if !want_neighbours {
             return Ok(req);
@@ -310,9 +315,9 @@ impl Filesystem {
         }
         entries.retain(|e| e.name != b"." && e.name != b"..");
         req.neighbours = entries.iter().map(|e| e.ino).collect();
-        if indexed {
+        if let Some(v) = version {
             for e in &entries {
-                req.leaf.push((self.dx_name_hash(dir, &inode, &e.name)?, e.ino));
+                req.leaf.push((self.dx_hash_of(v, &e.name)?, e.ino));
             }
         }
         Ok(req)

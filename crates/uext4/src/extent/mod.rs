@@ -96,9 +96,12 @@ impl Filesystem {
         Ok(node)
     }
 
-    /// Reads the node `index` points to, which must have depth `depth`. Its checksum
-    /// is verified once, through the cache; the structure on every read, since the
-    /// same block may be reached from elsewhere with other expectations.
+    /// Reads the node `index` points to, which must have depth `depth`. Its
+    /// checksum and the blocks its entries name are checked once per buffer,
+    /// through the cache (the kernel's buffer_verified): they depend on the
+    /// block's contents alone, which change only by our own writes. Its header,
+    /// depth and first key are checked on every read, since the same block may
+    /// be reached from elsewhere with other expectations.
     pub(crate) fn read_extent_node(&self, ino: u32, seed: u32, index: &ExtentIndex, depth: u16) -> Result<ExtentNode> {
         let block = index.leaf;
         let location = format!("extent tree of inode {ino}, node at block {block}");
@@ -108,31 +111,26 @@ impl Filesystem {
             if verify {
                 extent::verify_block_checksum(b, seed, &location)?;
             }
-            Ok(())
+            self.check_extent_entries(&ExtentNode::parse(b, Some(depth), &location)?, &location)
         })?;
         let node = ExtentNode::parse(&buf.read(), Some(depth), &location)?;
-        self.check_extent_node(&node, Some(index.ei_block), &location)?;
+        check_first_key(&node, Some(index.ei_block), &location)?;
         Ok(node)
     }
 
     /// The checks of the kernel's `ext4_valid_extent_entries` that need the
-    /// filesystem: every block an entry names lies inside it, past the first data
-    /// block and outside the group metadata (so that writing through a hostile
-    /// extent cannot land on a bitmap or the inode table); and a non-root node's
-    /// first key is the one its parent indexes it under.
+    /// filesystem (a root in i_block, or a node's first read): see
+    /// `check_extent_entries`, and a non-root node's first key is the one its
+    /// parent indexes it under.
     pub(crate) fn check_extent_node(&self, node: &ExtentNode, parent_key: Option<u32>, location: &str) -> Result<()> {
-        let first_key = match node {
-            ExtentNode::Leaf(_, v) => v.first().map(|e| e.ee_block),
-            ExtentNode::Index(_, v) => v.first().map(|e| e.ei_block),
-        };
-        if let (Some(want), Some(have)) = (parent_key, first_key) {
-            if want != have {
-                return Err(Error::corrupt(
-                    format!("node starts at logical block {have} but its parent indexes it at {want}"),
-                    location,
-                ));
-            }
-        }
+        check_first_key(node, parent_key, location)?;
+        self.check_extent_entries(node, location)
+    }
+
+    /// Every block an entry names lies inside the filesystem, past the first
+    /// data block and outside the group metadata (so that writing through a
+    /// hostile extent cannot land on a bitmap or the inode table).
+    fn check_extent_entries(&self, node: &ExtentNode, location: &str) -> Result<()> {
         match node {
             ExtentNode::Leaf(_, v) => {
                 for e in v {
@@ -170,4 +168,21 @@ impl Filesystem {
         }
         Ok(out)
     }
+}
+
+/// A non-root node's first key must be the one its parent indexes it under.
+fn check_first_key(node: &ExtentNode, parent_key: Option<u32>, location: &str) -> Result<()> {
+    let first_key = match node {
+        ExtentNode::Leaf(_, v) => v.first().map(|e| e.ee_block),
+        ExtentNode::Index(_, v) => v.first().map(|e| e.ei_block),
+    };
+    if let (Some(want), Some(have)) = (parent_key, first_key) {
+        if want != have {
+            return Err(Error::corrupt(
+                format!("node starts at logical block {have} but its parent indexes it at {want}"),
+                location,
+            ));
+        }
+    }
+    Ok(())
 }
