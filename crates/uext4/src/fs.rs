@@ -872,6 +872,9 @@ impl Filesystem {
 impl Drop for Filesystem {
     fn drop(&mut self) {
         if !self.is_read_only() {
+            if let Err(e) = self.close_all_inodes() {
+                eprintln!("uext4: releasing files still open on close failed: {e}");
+            }
             if let Err(e) = self.sync() {
                 eprintln!("uext4: writing back on close failed: {e}");
             }

@@ -251,6 +251,7 @@ impl Filesystem {
     fn change_xattrs(&self, ino: u32, edit: &mut dyn FnMut(&mut Vec<DiskAttr>) -> Result<()>) -> Result<()> {
         let _lock = self.inode_locks.write(ino as u64);
         let mut inode = (*self.inode(ino)?).clone();
+        self.require_changeable(ino, &inode)?;
         let mut attrs: Vec<DiskAttr> = Vec::new();
         for (e, v) in xattr::parse_ibody(inode.xattr_area(), ino)? {
             attrs.push(DiskAttr { index: e.e_name_index, suffix: e.name, value: v });

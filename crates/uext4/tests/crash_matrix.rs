@@ -186,8 +186,8 @@ impl Model {
 
 /// What the I/O-error phase adds to the workload: preallocation (keep-size),
 /// punched holes, zeroed ranges, collapsed and inserted ranges (4 KiB-aligned,
-/// as the kernel requires), and a file unlinked while open (it stays an
-/// orphan: the filesystem is dropped with it open, so recovery frees it).
+/// as the kernel requires), and a file unlinked while open (an orphan until
+/// the filesystem's close releases it, or, after an error, recovery frees it).
 fn one_extended_op(fs: &Filesystem, m: &mut Model, rng: &mut Rng, op: usize) -> uext4::Result<()> {
     use uext4::space::*;
     const BLOCK: usize = 4096;

@@ -52,6 +52,7 @@ fn orphans_left_by_a_stop_are_freed_at_the_next_open() {
     }
     let dir = tempfile::tempdir().unwrap();
     let image = image(dir.path());
+    let stopped = dir.path().join("stopped.img");
     let free;
     {
         let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
@@ -62,19 +63,30 @@ fn orphans_left_by_a_stop_are_freed_at_the_next_open() {
             fs.open_inode(ino).unwrap();
             fs.unlink(ROOT_INO, name).unwrap();
         }
-        // Dropped with the files still open: as if the process had stopped.
+        // The image as a process stopped now, with the files still open, leaves it.
+        fs.sync().unwrap();
+        std::fs::copy(&image, &stopped).unwrap();
+        assert_ne!(fs.superblock().s_last_orphan, 0);
+        // Closed with the files still open: as the kernel's last iputs before an
+        // unmount, the close releases them, and nothing is left on the list.
     }
-    // The kernel accepts the image with its orphan list (and would clean it up).
+    oracle::assert_e2fsck_clean(&image);
+    {
+        let fs = Filesystem::open(&image, Options { read_only: true, ..Options::default() }).unwrap();
+        assert_eq!(fs.superblock().s_last_orphan, 0, "the close released the open orphans");
+        assert_eq!(fs.free_blocks(), free);
+    }
+    // The kernel accepts the stopped image with its orphan list (and would clean it up).
     let copy = dir.path().join("copy.img");
-    std::fs::copy(&image, &copy).unwrap();
+    std::fs::copy(&stopped, &copy).unwrap();
     drop(oracle::Mount::new(&copy, ""));
     oracle::assert_e2fsck_clean(&copy);
     {
-        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).unwrap();
+        let fs = Filesystem::open(&stopped, Options { read_only: false, ..Options::default() }).unwrap();
         assert_eq!(fs.superblock().s_last_orphan, 0);
         assert_eq!(fs.free_blocks(), free, "the orphans were not freed at open");
     }
-    oracle::assert_e2fsck_clean(&image);
+    oracle::assert_e2fsck_clean(&stopped);
 }
 
 /// A real mkfs.ext4 image (journal, metadata_csum) with `features` added.

@@ -29,6 +29,7 @@ impl Filesystem {
         }
         let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
+        self.require_changeable(ino, &inode)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("{what} on directory inode {ino}")));
         }

@@ -33,6 +33,7 @@ impl Filesystem {
     pub fn write(&self, ino: u32, offset: u64, data: &[u8]) -> Result<usize> {
         let _lock = self.inode_locks.write(ino as u64);
         let inode = self.inode(ino)?;
+        self.require_changeable(ino, &inode)?;
         if inode.is_dir() {
             return Err(Error::IsADirectory(format!("writing to directory inode {ino}")));
         }

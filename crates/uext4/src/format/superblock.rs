@@ -609,6 +609,22 @@ impl Superblock {
         })
     }
 
+    /// The last error recorded, if any.
+    pub fn last_error(&self) -> Option<ErrorRecord> {
+        let b = &self.raw[..];
+        let time = time_with_hi(le32(b, S_LAST_ERROR_TIME), b[S_LAST_ERROR_TIME_HI]);
+        let func = &b[0x1E0..0x200];
+        let func_len = func.iter().position(|&c| c == 0).unwrap_or(func.len());
+        (time != 0 || self.s_error_count() != 0).then(|| ErrorRecord {
+            time,
+            ino: le32(b, 0x1D0),
+            block: le64(b, 0x1D8),
+            func: String::from_utf8_lossy(&func[..func_len]).into_owned(),
+            line: le32(b, 0x1D4),
+            errcode: b[S_LAST_ERROR_ERRCODE],
+        })
+    }
+
     /// Records an error as the kernel's save_error_info does: the error state bit
     /// in s_state, the count, the first error (if none yet) and the last one.
     pub fn record_error(&mut self, e: &ErrorRecord) {

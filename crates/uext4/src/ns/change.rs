@@ -30,6 +30,18 @@ pub(crate) const NAME_SPACE_BLOCKS: u64 = 16;
 /// More links than this and a directory's count is parked at 1 (dir_nlink).
 pub(crate) const EXT4_LINK_MAX: u16 = 65000;
 
+/// A directory gains a subdirectory: its link count goes up, and past
+/// `EXT4_LINK_MAX` (or from a count already parked at 1) it is parked at 1, as
+/// the kernel's ext4_inc_count does; e2fsck then wants 1 for a directory with
+/// more than 65,000 links.
+pub(crate) fn inc_dir_links(dir: &mut Inode) {
+    dir.i_links_count = match dir.i_links_count {
+        1 => 1,
+        n if n >= EXT4_LINK_MAX => 1,
+        n => n + 1,
+    };
+}
+
 /// The time the library stamps changes with (the precise wall clock, or the
 /// time `clock::set_fixed_time` fixed).
 pub fn now() -> Timestamp {
@@ -160,6 +172,9 @@ impl Filesystem {
         let _parent_lock = self.inode_locks.read(parent as u64);
         self.require_live_dir(parent)?;
         inode_flags::refuse_if_immutable(parent, &*self.inode(parent)?, "creating a name")?;
+        if is_dir {
+            self.refuse_at_dir_link_max(parent)?;
+        }
         let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
         let request = self.inode_request(parent, name, is_dir)?;
         let mut tx = self.begin(8)?;
@@ -171,7 +186,7 @@ impl Filesystem {
         self.add_name(&mut tx, parent, names.parallel(parent), entry, &|dir| {
             Self::touch_dir(dir);
             if is_dir {
-                dir.i_links_count = if dir.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { dir.i_links_count + 1 };
+                inc_dir_links(dir);
             }
         })?;
         tx.finish()?;
@@ -284,6 +299,19 @@ impl Filesystem {
         })
     }
 
+    /// EMLINK when `dir` cannot take another subdirectory: at 65,000 links,
+    /// unless the image has dir_nlink and `dir` is indexed (then its count
+    /// parks at 1), as the kernel's EXT4_DIR_LINK_MAX says.
+    pub(crate) fn refuse_at_dir_link_max(&self, dir: u32) -> Result<()> {
+        let inode = self.inode(dir)?;
+        let parks =
+            self.vol.sb.read().has_ro_compat(crate::format::superblock::RO_COMPAT_DIR_NLINK) && self.is_indexed(&inode);
+        match inode.i_links_count >= EXT4_LINK_MAX && !parks {
+            true => Err(Error::TooManyLinks(format!("directory inode {dir} has {} links", inode.i_links_count))),
+            false => Ok(()),
+        }
+    }
+
     /// Creates a directory holding `.` and `..`.
     ///
     /// # Errors
@@ -371,6 +399,7 @@ impl Filesystem {
             // vfs_link refuses it the same way).
             return Err(Error::NotFound(format!("inode {ino} has been unlinked")));
         }
+        self.require_changeable(ino, &inode)?;
         if inode.i_links_count >= EXT4_LINK_MAX {
             return Err(Error::TooManyLinks(format!("inode {ino} already has {} links", inode.i_links_count)));
         }
@@ -566,6 +595,7 @@ impl Filesystem {
         let _lock = self.inode_locks.write(ino as u64);
         {
             let inode = self.inode(ino)?;
+            self.require_changeable(ino, &inode)?;
             if attr.perm.is_some() || attr.uid.is_some() || attr.gid.is_some() || attr.size.is_some() {
                 inode_flags::refuse_if_pinned(ino, &inode, "setattr")?;
             }

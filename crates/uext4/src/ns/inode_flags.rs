@@ -73,6 +73,7 @@ impl crate::fs::Filesystem {
     /// `ReadOnly`; `Corrupt`.
     pub fn set_flags(&self, ino: u32, flags: u32) -> Result<()> {
         let _lock = self.inode_locks.write(ino as u64);
+        self.require_changeable(ino, &*self.inode(ino)?)?;
         let mut tx = self.begin(2)?;
         let mut inode = (*self.inode(ino)?).clone();
         inode.i_flags = (inode.i_flags & !SETTABLE_FLAGS) | (flags & SETTABLE_FLAGS);

@@ -111,6 +111,22 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Refuses a change to `ino` unless names can reach it: the root or an
+    /// inode past the reserved ones (the journal, resize and bad-block inodes
+    /// are the filesystem's own: EPERM), linked or held open after its last
+    /// unlink. A freed inode's number is stale (the kernel answers ESTALE to a
+    /// handle naming one): a write through it would give blocks to a free
+    /// inode. The caller holds the inode's lock, so no unlink frees it meanwhile.
+    pub(crate) fn require_changeable(&self, ino: u32, inode: &Inode) -> Result<()> {
+        if ino != crate::ns::ROOT_INO && ino < self.vol.sb.read().first_ino() {
+            return Err(Error::NotPermitted(format!("inode {ino} is reserved for the filesystem's own use")));
+        }
+        if inode.i_links_count == 0 && !self.open_files.shard(ino).contains_key(&ino) {
+            return Err(Error::NotFound(format!("inode {ino} is not in use (unlinked, and not open)")));
+        }
+        Ok(())
+    }
+
     /// Drops an open handle; the last close of an unlinked inode frees it.
     ///
     /// The count drops under the inode lock, so an unlink (which decides under that
@@ -138,6 +154,21 @@ impl Filesystem {
         self.release_inode(&mut tx, ino, &mut inode)?;
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()
+    }
+
+    /// Closes every handle still open, as the kernel's last iput of each file
+    /// before an unmount does: an inode whose last name is gone is released,
+    /// so a clean close leaves nothing on the orphan list. Called when the
+    /// filesystem closes.
+    pub(crate) fn close_all_inodes(&self) -> Result<()> {
+        let mut held: Vec<(u32, u32)> = Vec::new();
+        self.open_files.for_each_shard(|open| held.extend(open.iter().map(|(&ino, &n)| (ino, n))));
+        for (ino, n) in held {
+            for _ in 0..n {
+                self.close_inode(ino)?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn is_open(&self, ino: u32) -> bool {

@@ -9,7 +9,7 @@
 //! in ascending order (the parents shared), the handle, the structure locks, and
 //! each parent's attribute lock last.
 
-use super::change::{check_name, now, EXT4_LINK_MAX};
+use super::change::{check_name, inc_dir_links, now};
 use crate::error::{Error, Result};
 use crate::format::dirent::file_type_from_mode;
 use crate::format::inode::Inode;
@@ -20,11 +20,6 @@ use crate::ns::{inode_flags, ROOT_INO};
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
 
-fn inc_links(i: &mut Inode) {
-    i.i_links_count =
-        if i.i_links_count == 1 || i.i_links_count >= EXT4_LINK_MAX - 1 { 1 } else { i.i_links_count + 1 };
-}
-
 fn dec_links(i: &mut Inode) {
     // A count parked at 1 (dir_nlink) stays there.
     if i.i_links_count > 2 {
@@ -33,10 +28,12 @@ fn dec_links(i: &mut Inode) {
 }
 
 impl Filesystem {
-    /// Is `dir` the directory `ancestor` or below it? Walks ".." up to the root.
+    /// Is `dir` the directory `ancestor` or below it? Walks ".." up to the root;
+    /// ext4 has no depth limit, so only a chain longer than there are inodes
+    /// (a loop in a damaged tree) is corrupt.
     fn is_within(&self, dir: u32, ancestor: u32) -> Result<bool> {
         let mut at = dir;
-        for _ in 0..65536 {
+        for _ in 0..=self.vol.geo.inodes_count {
             if at == ancestor {
                 return Ok(true);
             }
@@ -100,11 +97,17 @@ impl Filesystem {
             Some(d) => self.inode(d)?.is_dir(),
             None => false,
         };
+        // A removed destination is ENOENT, before its missing '..' could be
+        // taken for damage by the walk below (checked again under the locks).
+        self.require_live_dir(dst_dir)?;
         if cross && src_is_dir && self.is_within(dst_dir, src)? {
             return Err(Error::Invalid(format!("cannot move directory {} into itself", shown(src_name))));
         }
         if cross && exchange && dst_is_dir && self.is_within(src_dir, dst.unwrap())? {
             return Err(Error::Invalid(format!("cannot move directory {} into itself", shown(dst_name))));
+        }
+        if cross && src_is_dir && dst.is_none() {
+            self.refuse_at_dir_link_max(dst_dir)?;
         }
         if !exchange && dst.is_some() {
             match (src_is_dir, dst_is_dir) {
@@ -261,7 +264,7 @@ impl Filesystem {
                 (dir.i_mtime, dir.i_ctime) = (t, t);
                 for _ in 0..by.unsigned_abs() {
                     if by > 0 {
-                        inc_links(dir);
+                        inc_dir_links(dir);
                     } else {
                         dec_links(dir);
                     }
