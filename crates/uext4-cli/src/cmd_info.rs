@@ -149,7 +149,16 @@ fn fields(sb: &Superblock) -> Vec<(&'static str, String)> {
                 _ => "(none)".into(),
             },
         ),
-        ("Filesystem state", if sb.s_state & EXT4_VALID_FS != 0 { "clean".into() } else { "not clean".into() }),
+        ("Filesystem state", state(sb.s_state)),
+        (
+            "Errors behavior",
+            match sb.s_errors {
+                EXT4_ERRORS_CONTINUE => "Continue".into(),
+                EXT4_ERRORS_RO => "Remount read-only".into(),
+                EXT4_ERRORS_PANIC => "Panic".into(),
+                other => format!("Unknown (continue) ({other})"),
+            },
+        ),
         ("Inode count", sb.s_inodes_count.to_string()),
         ("Block count", sb.s_blocks_count.to_string()),
         ("Reserved block count", sb.s_r_blocks_count.to_string()),
@@ -189,10 +198,38 @@ fn fields(sb: &Superblock) -> Vec<(&'static str, String)> {
         ("Directory Hash Seed", uuid(&hash_seed_bytes(&sb.s_hash_seed))),
         ("Checksum type", if sb.has_metadata_csum() { "crc32c".into() } else { "none".into() }),
     ];
+    if sb.s_error_count() != 0 {
+        lines.push(("FS Error count", sb.s_error_count().to_string()));
+    }
+    const FIRST: [&str; 5] = [
+        "First error time",
+        "First error function",
+        "First error line #",
+        "First error inode #",
+        "First error block #",
+    ];
+    const LAST: [&str; 5] =
+        ["Last error time", "Last error function", "Last error line #", "Last error inode #", "Last error block #"];
+    for (labels, record) in [(FIRST, sb.first_error()), (LAST, sb.last_error())] {
+        // dumpe2fs shows a record only once it has a time.
+        let Some(e) = record.filter(|e| e.time != 0) else { continue };
+        let values = [time(e.time), e.func, e.line.to_string(), e.ino.to_string(), e.block.to_string()];
+        lines.extend(labels.into_iter().zip(values));
+    }
     if sb.has_metadata_csum() {
         lines.push(("Checksum", format!("{:#010x}", sb.s_checksum)));
     }
     lines
+}
+
+/// dumpe2fs's words for s_state: clean or not, and "with errors" when an
+/// error was recorded (the kernel's EXT4_ERROR_FS).
+fn state(s_state: u16) -> String {
+    let clean = if s_state & EXT4_VALID_FS != 0 { "clean" } else { "not clean" };
+    match s_state & EXT4_ERROR_FS != 0 {
+        true => format!("{clean} with errors"),
+        false => clean.into(),
+    }
 }
 
 fn hash_seed_bytes(seed: &[u32; 4]) -> [u8; 16] {

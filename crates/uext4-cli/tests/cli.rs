@@ -146,6 +146,41 @@ fn info_matches_dumpe2fs_and_reading_commands_match_the_source() {
     assert!(stats.contains("files that would fit inline"), "{stats}");
 }
 
+/// An image with an error recorded (as the kernel's ext4_error leaves it) shows
+/// it in `uext4 info` as dumpe2fs -h shows it; it said "clean".
+#[test]
+fn info_shows_a_recorded_error_as_dumpe2fs_does() {
+    if !require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    run(Command::new("mkfs.ext4").args(["-F", "-q"]).arg(&image).arg("32M"));
+    for set in [
+        "state 3",
+        "errors 2",
+        "error_count 2",
+        "first_error_time 1700000000",
+        "first_error_func ext4_lookup",
+        "first_error_ino 12",
+    ] {
+        run(Command::new("debugfs").arg("-w").arg("-R").arg(format!("ssv {set}")).arg(&image));
+    }
+    let info = ok(&["info", image.to_str().unwrap()]);
+    let dump = run(Command::new("dumpe2fs").arg("-h").arg(&image));
+    for field in
+        ["Filesystem state", "Errors behavior", "FS Error count", "First error function", "First error inode #"]
+    {
+        let pick = |text: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{field}:")))
+                .map(|l| l.split_once(':').unwrap().1.trim().to_string())
+        };
+        assert_eq!(pick(&info), pick(&dump), "{field}");
+        assert!(pick(&info).is_some(), "{field} is shown");
+    }
+}
+
 /// Walks two host trees and asserts they agree in names, types, modes, sizes,
 /// mtimes, contents, symlink targets and hard-link structure.
 fn assert_same_tree(a: &Path, b: &Path) {

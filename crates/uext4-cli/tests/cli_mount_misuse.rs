@@ -555,3 +555,45 @@ fn reserved_blocks_are_roots_through_the_mount_as_on_the_kernel() {
     assert_e2fsck_clean(&ours);
     assert_e2fsck_clean(&theirs);
 }
+
+/// A directory listed through the mount names every entry, also those whose
+/// inode cannot be read (READDIRPLUS gives them without attributes); the
+/// stat of such an entry fails. Leaving them out let `ls` and `cp -a` through
+/// the mount end with exit 0 and files missing.
+#[test]
+fn a_listing_names_entries_whose_inode_cannot_be_read() {
+    if !fuse_oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("fs.img");
+    mkfs(&image, "32M");
+    let host = work.path().join("src");
+    fs::create_dir(&host).unwrap();
+    for i in 0..40 {
+        fs::write(host.join(format!("f{i:02}")), format!("file {i}")).unwrap();
+    }
+    run(uext4().arg("cp").arg("-r").arg(&host).arg(format!("{}:/d", image.display())));
+    // Two inodes fail their checksum (as a bad read would leave them unreadable).
+    let damaged = ["f07", "f31"];
+    for name in damaged {
+        debugfs_write(&image, &format!("sif /d/{name} checksum 0x1234"));
+    }
+    let m = UextMount::new(&image, "");
+    let mut names: Vec<String> =
+        fs::read_dir(m.dir.join("d")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names.len(), 40, "every name is listed: {names:?}");
+    for name in damaged {
+        assert!(fs::metadata(m.dir.join("d").join(name)).is_err(), "{name} cannot be stat'ed");
+    }
+    assert_eq!(fs::read_to_string(m.dir.join("d/f08")).unwrap(), "file 8");
+    let ls = Command::new("ls").arg("-l").arg(m.dir.join("d")).output().unwrap();
+    assert!(!ls.status.success(), "ls -l reports the unreadable entries: {ls:?}");
+    m.unmount();
+}
+
+fn debugfs_write(image: &Path, request: &str) {
+    let out = Command::new("debugfs").arg("-w").arg("-R").arg(request).arg(image).output().unwrap();
+    assert!(out.status.success(), "debugfs -w -R {request}: {out:?}");
+}

@@ -632,6 +632,19 @@ impl<'b> Payload<'b> {
         self.entry_out(a, generation, valid);
         self.dirent(a.ino, next_offset, kind, name)
     }
+
+    /// A READDIRPLUS entry without attributes: node id 0 tells the kernel the
+    /// server gives no attributes for it (fuse's parse_dirplusfile then emits
+    /// the name alone, and a later lookup asks again), for an entry whose
+    /// inode cannot be read.
+    pub fn direntplus_unattributed(&mut self, ino: u64, next_offset: u64, kind: u32, name: &[u8]) -> bool {
+        let len = ENTRY_OUT_LEN + ((DIRENT_HEADER_LEN + name.len() + 7) & !7);
+        if self.buf.len() - self.len < len {
+            return false;
+        }
+        self.entry_out(&Attr::default(), 0, (0, 0));
+        self.dirent(ino, next_offset, kind, name)
+    }
 }
 
 #[cfg(test)]

@@ -1091,8 +1091,22 @@ impl Uext4Fuse {
                 }
                 continue;
             }
-            // Removed since opendir: leave it out rather than fail the listing.
-            let Ok(st) = self.fs.stat(e.ino) else { continue };
+            let st = match self.fs.stat(e.ino) {
+                Ok(st) => st,
+                // Removed since opendir: leave it out rather than fail the listing.
+                Err(uext4::Error::NotFound(_)) => continue,
+                // Unreadable (a damaged inode, an I/O error): the name is listed
+                // without attributes, as the kernel's ext4 lists it, and the
+                // lookup that follows reports the error; leaving it out would let
+                // ls or cp -a end with exit 0 and a file missing.
+                Err(err) => {
+                    self.log(&format!("readdirplus: inode {} of {:?}: {err}", e.ino, String::from_utf8_lossy(&e.name)));
+                    if !room.direntplus_unattributed(node_id(e.ino), next, e.kind, &e.name) {
+                        break;
+                    }
+                    continue;
+                }
+            };
             // The kernel takes a lookup reference for every entry but . and ..,
             // so each is pinned before it is offered (and one removed in the
             // meantime is left out too).
