@@ -165,3 +165,64 @@ fn a_mount_in_another_namespace_refuses_writers_of_its_device() {
     drop(attached);
     oracle::assert_e2fsck_clean(&image);
 }
+
+/// Detached on drop, even when the test fails.
+struct Attached(String);
+
+impl Attached {
+    fn new(image: &Path, read_only: bool) -> Attached {
+        let mut cmd = Command::new("losetup");
+        if read_only {
+            cmd.arg("-r");
+        }
+        Attached(oracle::run(cmd.args(["-f", "--show"]).arg(image)).trim().into())
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+/// The same image named as a file and as a loop device over it is one image:
+/// a writer through either name keeps a writer through the other out (both
+/// took the lock of their own name, and 50 creates through the second were
+/// lost), and a read-only loop device refuses a writable open before anything
+/// is written.
+#[test]
+fn a_loop_device_and_its_file_are_one_image() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    mkfs(&image);
+    let dev = Attached::new(&image, false);
+    {
+        let by_file = Filesystem::open(&image, rw()).unwrap();
+        let why = busy_message(Filesystem::open(&dev.0, rw()));
+        assert!(why.contains("uext4"), "{why}");
+        by_file.mkdir(ROOT_INO, b"by-file", 0o755, ROOT).unwrap();
+    }
+    {
+        let by_device = Filesystem::open(&dev.0, rw()).unwrap();
+        let why = busy_message(Filesystem::open(&image, rw()));
+        assert!(why.contains("uext4"), "{why}");
+        by_device.mkdir(ROOT_INO, b"by-device", 0o755, ROOT).unwrap();
+    }
+    drop(dev);
+    oracle::assert_e2fsck_clean(&image);
+    let before = std::fs::read(&image).unwrap();
+    let ro = Attached::new(&image, true);
+    match Filesystem::open(&ro.0, rw()) {
+        Err(Error::ReadOnly(why)) => assert!(why.contains("read-only block device"), "{why}"),
+        Err(e) => panic!("expected ReadOnly, got {e}"),
+        Ok(_) => panic!("a read-only device opened writable"),
+    }
+    let fs = Filesystem::open(&ro.0, Options::default()).unwrap();
+    assert!(fs.lookup_path(b"/by-device").is_ok() && fs.lookup_path(b"/by-file").is_ok());
+    drop(fs);
+    drop(ro);
+    assert!(std::fs::read(&image).unwrap() == before, "the refused open changed the image");
+}

@@ -11,7 +11,10 @@
 //! that what it reads may be stale.
 //!
 //! Files are compared by device and inode number, never by path alone: the same
-//! image is often named through symlinks, bind mounts or relative paths.
+//! image is often named through symlinks, bind mounts or relative paths. A loop
+//! device and the file it reads from are one image too: the lock of each other
+//! name (the backing file of a loop device, the loop devices over a file) is
+//! probed as well.
 
 use crate::error::{Error, Result};
 use std::fs::{File, Metadata};
@@ -70,6 +73,45 @@ fn loop_backing_file(rdev: u64) -> Option<PathBuf> {
     let text = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/loop/backing_file")).ok()?;
     let text = text.trim_end_matches('\n');
     Some(PathBuf::from(text.strip_suffix(" (deleted)").unwrap_or(text)))
+}
+
+/// The other names of the image whose metadata is `me` through loop devices:
+/// for a loop device, the file it reads from; for a file, the loop devices
+/// reading from it. A uext4 process holding the image by one name holds its
+/// lock on that name only, so the others are probed too.
+fn loop_aliases(me: &Metadata) -> Vec<PathBuf> {
+    if me.file_type().is_block_device() {
+        return loop_backing_file(me.rdev()).into_iter().collect();
+    }
+    if !me.is_file() {
+        return Vec::new();
+    }
+    let Ok(devices) = std::fs::read_dir("/sys/block") else { return Vec::new() };
+    devices
+        .filter_map(|d| d.ok())
+        .filter(|d| d.file_name().to_string_lossy().starts_with("loop"))
+        .filter_map(|d| {
+            let text = std::fs::read_to_string(d.path().join("loop/backing_file")).ok()?;
+            let backing = text.trim_end_matches('\n');
+            std::fs::metadata(backing).ok().filter(|b| same_file(b, me))?;
+            Some(Path::new("/dev").join(d.file_name()))
+        })
+        .collect()
+}
+
+/// Whether a uext4 process holds `alias` (its exclusive lock), probed
+/// without keeping any lock.
+fn alias_locked(alias: &Path) -> bool {
+    let Ok(file) = File::open(alias) else { return false };
+    match lock_taken(&file, libc::LOCK_SH) {
+        Ok(false) => {
+            // SAFETY: flock on a descriptor we own.
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+            false
+        }
+        Ok(true) => true,
+        Err(_) => false,
+    }
 }
 
 /// Who has the image whose metadata is `me` mounted: "the kernel (ext4) at
@@ -171,6 +213,7 @@ pub(crate) fn examine(file: &File, exclusive: bool) -> Result<Users> {
         }
         taken
     };
+    let locked = locked || loop_aliases(&me).iter().any(|alias| alias_locked(alias));
     Ok(Users { locked, mounts: mounted_by(&me) })
 }
 

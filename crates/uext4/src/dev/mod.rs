@@ -175,6 +175,16 @@ pub struct FileDevice {
     others: Option<String>,
 }
 
+/// Whether the kernel marks the block device open as `file` read-only (BLKROGET).
+fn block_device_read_only(file: &File) -> bool {
+    // _IO(0x12, 94), linux/fs.h.
+    const BLKROGET: u64 = 0x125e;
+    let mut ro: libc::c_int = 0;
+    // SAFETY: BLKROGET writes one int through the pointer, to a local we own.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(file), BLKROGET as _, &mut ro) };
+    r == 0 && ro != 0
+}
+
 impl FileDevice {
     /// Opens an image: writable, with its exclusive lock, refusing (`Error::Busy`)
     /// one that the kernel or another uext4 process holds; read-only, with no
@@ -217,6 +227,14 @@ impl FileDevice {
             )),
             _ => Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", path.display()))),
         })?;
+        if writable && is_block_device && block_device_read_only(&file) {
+            // The kernel mounts such a device read-only; a write would fail with
+            // EPERM only after the journal had been started.
+            return Err(Error::ReadOnly(format!(
+                "{} is a read-only block device; open it read-only (or make it writable: blockdev --setrw)",
+                path.display()
+            )));
+        }
         let users = in_use::examine(&file, exclusive)?;
         if exclusive && users.locked || writable && users.any() {
             return Err(in_use::busy(path, &users));

@@ -553,9 +553,16 @@ impl Journal {
 
     /// jbd2 records an abort's errno in its superblock, so the next mount knows.
     /// The journal thread does it (it may hold the log when the abort happens).
+    /// The ext4 superblock says needs_recovery first, as the kernel's does
+    /// after an abort (it never clears the flag then): a journal with an errno
+    /// but no needs_recovery is a state e2fsck -n cannot check (it would clear
+    /// the errno, and may not write).
     fn record_errno(&self) {
         let mut log = self.log.lock();
         if log.jsb.s_errno == 0 {
+            if !log.recovery_flag_home && self.owner.set_needs_recovery(true).is_ok() {
+                log.recovery_flag_home = true;
+            }
             log.jsb.s_errno = -5;
             let _ = self.write_jblock(0, &log.jsb.to_bytes()).and_then(|_| self.cache.device().flush());
         }
@@ -607,6 +614,12 @@ impl Journal {
         let mut st = self.state.lock();
         loop {
             if st.stop {
+                // An abort is recorded before the thread ends, however soon the
+                // filesystem closes after it.
+                if st.aborted.is_some() {
+                    drop(st);
+                    self.record_errno();
+                }
                 return;
             }
             let (commit, checkpoint) = match st.aborted {
