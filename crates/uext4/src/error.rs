@@ -50,6 +50,12 @@ pub enum Error {
     NotSeekable(String),
     /// A caller's argument that makes no sense (a bad size, bad flags, ...).
     Invalid(String),
+    /// An argument past a size the interface allows, such as an xattr value
+    /// over 64 KiB (E2BIG).
+    TooBig(String),
+    /// A request the object's kind refuses, such as a default ACL on a file
+    /// (EACCES).
+    AccessDenied(String),
     /// A write on a filesystem opened read-only.
     ReadOnly(String),
     /// The host refused an I/O request.
@@ -91,6 +97,8 @@ impl Error {
             Error::NoDevice(_) => 19,        // ENODEV
             Error::NotSeekable(_) => 29,     // ESPIPE
             Error::Invalid(_) => 22,         // EINVAL
+            Error::TooBig(_) => 7,           // E2BIG
+            Error::AccessDenied(_) => 13,    // EACCES
             Error::ReadOnly(_) => 30,        // EROFS
             Error::Io(e) => e.raw_os_error().unwrap_or(5),
         }
@@ -120,6 +128,8 @@ impl fmt::Display for Error {
             Error::NoDevice(s) => write!(f, "not supported by this kind of inode: {s}"),
             Error::NotSeekable(s) => write!(f, "a pipe: {s}"),
             Error::Invalid(s) => write!(f, "invalid: {s}"),
+            Error::TooBig(s) => write!(f, "too big: {s}"),
+            Error::AccessDenied(s) => write!(f, "access denied: {s}"),
             Error::ReadOnly(s) => write!(f, "read-only: {s}"),
             Error::Io(e) => write!(f, "I/O error: {e}"),
         }

@@ -116,6 +116,9 @@ fn settable_name(name: &[u8]) -> Result<(u8, &[u8])> {
 pub const XATTR_CREATE: u32 = 1;
 pub const XATTR_REPLACE: u32 = 2;
 
+/// The largest value setxattr(2) takes (linux/limits.h).
+pub const XATTR_SIZE_MAX: usize = 65536;
+
 /// One attribute as laid out on disk: name index, name suffix, stored value.
 #[derive(Clone)]
 struct DiskAttr {
@@ -177,11 +180,28 @@ impl Filesystem {
     ///
     /// # Errors
     /// `Exists` (XATTR_CREATE) or `NotFound` (XATTR_REPLACE) as the flags say; `OutOfRange` for a name
-    /// over 255 bytes; `NoSpace` when it fits neither the inode nor a block; `Unsupported` for an
+    /// over 255 bytes; `TooBig` for a value over 64 KiB; `Invalid` for unknown flags; `NotPermitted`
+    /// for user.* on what is neither file nor directory; `AccessDenied` for a default ACL on a
+    /// non-directory; `NoSpace` when it fits neither the inode nor a block; `Unsupported` for an
     /// unknown namespace; `ReadOnly`; `Corrupt`.
     pub fn set_xattr(&self, ino: u32, name: &[u8], value: &[u8], flags: u32) -> Result<()> {
         let (index, suffix) = settable_name(name)?;
-        crate::ns::inode_flags::refuse_if_pinned(ino, &*self.inode(ino)?, "setting an xattr")?;
+        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            return Err(Error::Invalid(format!("setxattr flags {flags:#x}")));
+        }
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::TooBig(format!("an xattr value of {} bytes (at most {XATTR_SIZE_MAX})", value.len())));
+        }
+        let inode = self.inode(ino)?;
+        crate::ns::inode_flags::refuse_if_pinned(ino, &inode, "setting an xattr")?;
+        // The VFS's rules by kind: user.* only on files and directories
+        // (xattr_permission), a default ACL only on a directory (set_posix_acl).
+        if index == INDEX_USER && !inode.is_reg() && !inode.is_dir() {
+            return Err(Error::NotPermitted(format!("user.* xattrs on inode {ino}, neither file nor directory")));
+        }
+        if index == INDEX_POSIX_ACL_DEFAULT && !inode.is_dir() {
+            return Err(Error::AccessDenied(format!("a default ACL on inode {ino}, which is not a directory")));
+        }
         if index == INDEX_POSIX_ACL_ACCESS {
             // As the kernel's ext4_set_acl: the ACL sets the mode's rwx bits, and one
             // that says no more than a mode is not stored at all.

@@ -145,3 +145,42 @@ fn a_rename_into_a_removed_directory_is_enoent() {
     }
     oracle::assert_e2fsck_clean(&image);
 }
+
+/// Smaller rules the kernel's VFS applies, each with its errno: a trailing
+/// slash asks for a directory (ENOTDIR), setxattr's flags and value size
+/// (EINVAL, E2BIG), user.* only on files and directories (EPERM), a default
+/// ACL only on a directory (EACCES), nanoseconds below a second (EINVAL).
+#[test]
+fn the_vfs_rules_of_paths_xattrs_and_times() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    mkfs_ext4(&image, &["-b", "4096"], "64M");
+    {
+        let fs = Filesystem::open(&image, writable()).unwrap();
+        let f = fs.create(ROOT_INO, b"f", 0o644, ROOT).unwrap().ino;
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        let l = fs.symlink(ROOT_INO, b"l", b"d", ROOT).unwrap().ino;
+        let errno = |r: uext4::Result<()>| r.map_err(|e| e.errno()).err();
+        assert_eq!(errno(fs.lookup_path(b"/f/").map(drop)), Some(20));
+        assert_eq!(fs.lookup_path(b"/d/").unwrap(), d);
+        assert_eq!(fs.lookup_path(b"/l/").unwrap(), d, "a trailing slash follows the last symlink");
+        assert_eq!(errno(fs.set_xattr(f, b"user.a", b"1", 0x100)), Some(22));
+        assert_eq!(errno(fs.set_xattr(f, b"user.a", &vec![0u8; 65537], 0)), Some(7));
+        assert_eq!(errno(fs.set_xattr(l, b"user.a", b"1", 0)), Some(1));
+        // A minimal default ACL: user::rwx, group::r-x, other::r-x.
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm) in [(1u16, 7u16), (4, 5), (0x20, 5)] {
+            acl.extend_from_slice(&tag.to_le_bytes());
+            acl.extend_from_slice(&perm.to_le_bytes());
+            acl.extend_from_slice(&u32::MAX.to_le_bytes());
+        }
+        assert_eq!(errno(fs.set_xattr(f, b"system.posix_acl_default", &acl, 0)), Some(13));
+        fs.set_xattr(d, b"system.posix_acl_default", &acl, 0).unwrap();
+        let late = uext4::Timestamp { sec: 1, nsec: 1_000_000_000 };
+        assert_eq!(errno(fs.setattr(f, &SetAttr { mtime: Some(late), ..Default::default() }).map(drop)), Some(22));
+    }
+    oracle::assert_e2fsck_clean(&image);
+}

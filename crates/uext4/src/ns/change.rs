@@ -592,6 +592,10 @@ impl Filesystem {
     /// `setattr` without bringing an access ACL in line with a new mode: for
     /// setting the ACL itself, which sets the mode from it.
     pub(crate) fn setattr_keeping_acl(&self, ino: u32, attr: &SetAttr) -> Result<Stat> {
+        // utimensat(2)'s rule: nanoseconds are below a second.
+        if let Some(t) = [attr.atime, attr.mtime, attr.ctime].into_iter().flatten().find(|t| t.nsec >= 1_000_000_000) {
+            return Err(Error::Invalid(format!("a time of {} s and {} ns: nanoseconds past a second", t.sec, t.nsec)));
+        }
         let _lock = self.inode_locks.write(ino as u64);
         {
             let inode = self.inode(ino)?;

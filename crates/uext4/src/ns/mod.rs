@@ -117,10 +117,13 @@ impl Stat {
 }
 
 impl Filesystem {
-    /// The attributes of inode `ino`, as stat(2) shows them.
+    /// The attributes of inode `ino`, as stat(2) shows them. Inode numbers come
+    /// from names (lookups, listings): a number that names no inode in use is
+    /// the caller's to avoid — a freed inode reads as it was left (nlink 0).
     ///
     /// # Errors
-    /// `NotFound` for an inode not in use or out of range; `Corrupt` for a damaged inode.
+    /// `Corrupt` for a number out of range, or an inode that fails its checks
+    /// (one never used fails its checksum on metadata_csum images); `Io`.
     pub fn stat(&self, ino: u32) -> Result<Stat> {
         let i = self.inode(ino)?;
         let file_type = FileType::from_mode(i.i_mode).ok_or_else(|| {
@@ -159,6 +162,12 @@ impl Filesystem {
     pub fn lookup_path(&self, path: &[u8]) -> Result<u32> {
         let shown = String::from_utf8_lossy(path).into_owned();
         let mut pending: Vec<Vec<u8>> = split_path(path);
+        // A trailing slash asks for a directory, as the kernel's path walk
+        // does (following a last symlink): "f/" of a file is ENOTDIR.
+        let must_be_dir = path.ends_with(b"/") && !pending.is_empty();
+        if must_be_dir {
+            pending.push(b".".to_vec());
+        }
         pending.reverse();
         let mut stack: Vec<u32> = vec![ROOT_INO];
         let mut follows = 0;
@@ -195,7 +204,11 @@ impl Filesystem {
             }
             stack.push(ino);
         }
-        Ok(*stack.last().unwrap())
+        let found = *stack.last().unwrap();
+        if must_be_dir && !self.inode(found)?.is_dir() {
+            return Err(Error::NotADirectory(format!("{shown}: not a directory")));
+        }
+        Ok(found)
     }
 
     /// Walks the tree under `start` depth-first, calling `visit(path, stat)` for
