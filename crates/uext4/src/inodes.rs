@@ -113,7 +113,9 @@ impl Filesystem {
                 }
             }
         }
-        let buf = self.vol.cache.get(block)?;
+        let buf = self.vol.cache.get(block).map_err(|e| {
+            self.vol.read_error(e, &format!("reading the inode table block of inode {ino}"), ino, block)
+        })?;
         let data = buf.read();
         let slot = &data[off..off + self.vol.geo.inode_size];
         let inode = Inode::parse(slot).map_err(|e| match e {

@@ -271,6 +271,82 @@ fn an_abort_before_the_first_commit_leaves_an_image_e2fsck_n_can_check() {
     }
 }
 
+/// Fails reads of the bytes [from, to) while `fail` is set.
+struct ReadsFail {
+    inner: Arc<MemDevice>,
+    range: std::ops::Range<u64>,
+    fail: AtomicBool,
+}
+
+impl BlockDevice for ReadsFail {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> uext4::Result<()> {
+        let end = offset + buf.len() as u64;
+        if self.fail.load(Ordering::SeqCst) && offset < self.range.end && self.range.start < end {
+            return Err(uext4::Error::Io(std::io::Error::from_raw_os_error(5)));
+        }
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> uext4::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> uext4::Result<()> {
+        self.inner.flush()
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
+    }
+}
+
+/// An inode-table block that cannot be read is an error the kernel records
+/// ("unable to read itable block") and acts on by errors=: EIO to the stat,
+/// the error and the inode in the superblock, and (remount-ro, the default)
+/// writes refused from then on. It was an EIO and nothing more.
+#[test]
+fn an_unreadable_inode_table_block_is_recorded_and_errors_decides() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("itable.img");
+    let base = mkfs(&image, 64, &[]);
+    let table = {
+        let out = oracle::run(std::process::Command::new("debugfs").args(["-R", "imap <100>"]).arg(&image));
+        let at = out.split("located at block ").nth(1).unwrap();
+        at.split(',').next().unwrap().trim().parse::<u64>().unwrap()
+    };
+    let mem = Arc::new(MemDevice::new(base));
+    let dev = Arc::new(ReadsFail {
+        inner: mem.clone(),
+        range: table * 4096..(table + 1) * 4096,
+        fail: AtomicBool::new(false),
+    });
+    // mkfs.ext4's images say errors=continue: that goes on after recording.
+    let fs = Filesystem::open_device(dev.clone(), writable()).unwrap();
+    fs.drop_caches();
+    dev.fail.store(true, Ordering::SeqCst);
+    assert_eq!(fs.stat(100).unwrap_err().errno(), 5);
+    assert!(fs.has_failed() && !fs.is_read_only(), "errors=continue records and goes on");
+    fs.mkdir(ROOT_INO, b"meanwhile", 0o755, ROOT).unwrap();
+    dev.fail.store(false, Ordering::SeqCst);
+    drop(fs);
+    let errors = Some(uext4::Errors::RemountRo);
+    let fs = Filesystem::open_device(dev.clone(), Options { errors, ..writable() }).unwrap();
+    fs.drop_caches();
+    dev.fail.store(true, Ordering::SeqCst);
+    assert_eq!(fs.stat(100).unwrap_err().errno(), 5);
+    assert!(fs.has_failed() && fs.is_read_only(), "errors=remount-ro acts on the read error");
+    assert_eq!(fs.mkdir(ROOT_INO, b"later", 0o755, ROOT).unwrap_err().errno(), 30);
+    dev.fail.store(false, Ordering::SeqCst);
+    drop(fs);
+    std::fs::write(&image, mem.contents()).unwrap();
+    assert_eq!(oracle::dumpe2fs_field(&image, "FS Error count").as_deref(), Some("2"));
+    assert_eq!(oracle::dumpe2fs_field(&image, "First error inode #").as_deref(), Some("100"));
+    oracle::assert_e2fsck_clean(&image);
+}
+
 /// Fails writes at or beyond byte `from` (the journal) while `fail` is set.
 struct LogFails {
     inner: Arc<MemDevice>,

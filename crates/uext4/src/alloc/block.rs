@@ -66,15 +66,18 @@ impl Allocator {
         let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
         let (seed, ds, bits) = (self.vol.geo.csum_seed, self.vol.geo.desc_size, self.vol.geo.blocks_per_group);
         let stored = gd.bg_block_bitmap_csum;
-        self.vol.cache.get_verified(blk, |b| {
-            if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
-                return Err(Error::corrupt(
-                    "block bitmap checksum does not match",
-                    format!("group {g} bitmap block {blk}"),
-                ));
-            }
-            Ok(())
-        })
+        self.vol
+            .cache
+            .get_verified(blk, |b| {
+                if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
+                    return Err(Error::corrupt(
+                        "block bitmap checksum does not match",
+                        format!("group {g} bitmap block {blk}"),
+                    ));
+                }
+                Ok(())
+            })
+            .map_err(|e| self.vol.read_error(e, &format!("reading the block bitmap of group {g}"), 0, blk))
     }
 
     /// Checks that every block of `ranges` ((start, len), sorted) is marked in use in

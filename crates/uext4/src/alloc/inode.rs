@@ -256,15 +256,18 @@ impl Allocator {
         let verify = self.vol.geo.metadata_csum && self.vol.geo.verify_checksums;
         let (seed, ds, bits) = (self.vol.geo.csum_seed, self.vol.geo.desc_size, self.vol.geo.inodes_per_group);
         let stored = gd.bg_inode_bitmap_csum;
-        self.vol.cache.get_verified(blk, |b| {
-            if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
-                return Err(Error::corrupt(
-                    "inode bitmap checksum does not match",
-                    format!("group {g} bitmap block {blk}"),
-                ));
-            }
-            Ok(())
-        })
+        self.vol
+            .cache
+            .get_verified(blk, |b| {
+                if verify && !bitmap::matches(stored, bitmap::checksum(b, bits, seed), ds) {
+                    return Err(Error::corrupt(
+                        "inode bitmap checksum does not match",
+                        format!("group {g} bitmap block {blk}"),
+                    ));
+                }
+                Ok(())
+            })
+            .map_err(|e| self.vol.read_error(e, &format!("reading the inode bitmap of group {g}"), 0, blk))
     }
 
     /// A slot the bitmap calls free must not hold a live inode (links count 0): a

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -173,6 +173,8 @@ pub struct FileDevice {
     writable: bool,
     counters: Counters,
     others: Option<String>,
+    /// The path it was opened by, for messages.
+    path: PathBuf,
 }
 
 /// Whether the kernel marks the block device open as `file` read-only (BLKROGET).
@@ -246,7 +248,20 @@ impl FileDevice {
             let mut f = &file;
             f.seek(SeekFrom::End(0))?
         };
-        Ok(FileDevice { file, size, writable, counters: Counters::default(), others })
+        Ok(FileDevice { file, size, writable, counters: Counters::default(), others, path: path.to_path_buf() })
+    }
+}
+
+impl FileDevice {
+    /// A host I/O error, saying which request of which image failed: the
+    /// host's words alone ("No space left on device" for a full host disk
+    /// under a sparse image) do not say it was the image's file.
+    fn failed(&self, what: &str, offset: u64, len: usize, e: std::io::Error) -> Error {
+        let request = match len {
+            0 => format!("{what} {}", self.path.display()),
+            _ => format!("{what} {len} bytes at byte {offset} of {}", self.path.display()),
+        };
+        Error::Io(std::io::Error::new(e.kind(), format!("{request}: {e}")))
     }
 }
 
@@ -254,8 +269,7 @@ impl BlockDevice for FileDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         check_range(offset, buf.len(), self.size)?;
         self.counters.read(buf.len());
-        self.file.read_exact_at(buf, offset)?;
-        Ok(())
+        self.file.read_exact_at(buf, offset).map_err(|e| self.failed("reading", offset, buf.len(), e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
@@ -264,14 +278,13 @@ impl BlockDevice for FileDevice {
         }
         check_range(offset, buf.len(), self.size)?;
         self.counters.write(buf.len());
-        self.file.write_all_at(buf, offset)?;
-        Ok(())
+        self.file.write_all_at(buf, offset).map_err(|e| self.failed("writing", offset, buf.len(), e))
     }
 
     fn flush(&self) -> Result<()> {
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         if self.writable {
-            self.file.sync_data()?;
+            self.file.sync_data().map_err(|e| self.failed("flushing", 0, 0, e))?;
         }
         Ok(())
     }

@@ -835,7 +835,7 @@ impl Journal {
         }
         let result = self.write_home(log);
         if let Err(e) = &result {
-            self.abort(&format!("checkpoint failed: {e}"));
+            self.abort(&checkpoint_failed(e));
             return result;
         }
         log.checkpoint.clear();
@@ -843,7 +843,7 @@ impl Journal {
         log.live_from = None;
         log.stats.checkpoints += 1;
         if let Err(e) = self.clear_recovery_flag(log, flag) {
-            self.abort(&format!("checkpoint failed: {e}"));
+            self.abort(&checkpoint_failed(&e));
             return Err(e);
         }
         let mut st = self.state.lock();
@@ -914,7 +914,7 @@ impl Journal {
         let written =
             self.write_copies_home(log.checkpoint.values().filter(|p| !keep(p)).map(|p| (p.buf.block, &p.data[..])));
         if let Err(e) = written {
-            self.abort(&format!("checkpoint failed: {e}"));
+            self.abort(&checkpoint_failed(&e));
             return Err(e);
         }
         let before = log.checkpoint.len();
@@ -931,7 +931,7 @@ impl Journal {
             (log.jsb.s_start, log.jsb.s_sequence) = tail;
             let moved = self.write_jblock(0, &log.jsb.to_bytes()).and_then(|_| self.cache.device().flush());
             if let Err(e) = moved {
-                self.abort(&format!("checkpoint failed: {e}"));
+                self.abort(&checkpoint_failed(&e));
                 return Err(e);
             }
             log.live_from = Some(tail.0);
@@ -954,6 +954,15 @@ impl Journal {
         }
         Ok(())
     }
+}
+
+/// An abort's reason when a checkpoint's write fails: what was committed is
+/// not lost, and the user should know that before retrying the change.
+fn checkpoint_failed(e: &Error) -> String {
+    format!(
+        "writing committed changes to their places failed (they are safe in the journal, and the next open \
+         replays them): {e}"
+    )
 }
 
 /// What a checkpoint does with needs_recovery once the log is empty.

@@ -103,12 +103,21 @@ impl ErrorState {
     /// what errors= says. `abort` errors (the journal stopped, or a change was left
     /// half-done) make the filesystem read-only even under errors=continue.
     pub(crate) fn record(&self, cache: &BufferCache, sb: &RwLock<Superblock>, why: &str, abort: bool) {
+        self.record_as(cache, sb, why, abort, error_record(why));
+    }
+
+    /// As `record`, for an error at inode `ino` (0: none) and block `block`,
+    /// which the superblock's record names as the kernel's does.
+    pub(crate) fn record_at(&self, cache: &BufferCache, sb: &RwLock<Superblock>, why: &str, ino: u32, block: u64) {
+        self.record_as(cache, sb, why, false, ErrorRecord { ino, block, ..error_record(why) });
+    }
+
+    fn record_as(&self, cache: &BufferCache, sb: &RwLock<Superblock>, why: &str, abort: bool, rec: ErrorRecord) {
         // The reason first, then the state: whoever sees the error state sees it whole.
         let _ = self.reason.set(why.to_string());
         let state = if self.behaviour == Errors::RemountRo || abort { ERROR_READ_ONLY } else { ERROR_RECORDED };
         self.state.fetch_max(state, Ordering::SeqCst);
         eprintln!("uext4: error: {why}");
-        let rec = error_record(why);
         sb.write().record_error(&rec);
         if let Err(e) = self.write_home(cache, &rec) {
             eprintln!("uext4: recording the error in the superblock failed: {e}");

@@ -329,6 +329,18 @@ impl Volume {
         }
     }
 
+    /// A metadata block could not be read (an inode table or bitmap block: the
+    /// kernel's ext4_error for "unable to read itable block", "Cannot read
+    /// inode bitmap"): on a writable open the error is recorded in the
+    /// superblock and errors= decides what follows (read-only by default);
+    /// a read-only open records nothing. Passes `e` back for the caller.
+    pub(crate) fn read_error(&self, e: Error, what: &str, ino: u32, block: u64) -> Error {
+        if matches!(e, Error::Io(_)) && !self.opened_read_only() {
+            self.errors.record_at(&self.cache, &self.sb, &format!("{what}: {e}"), ino, block);
+        }
+        e
+    }
+
     /// Without a journal: tells the write-back thread the dirty list has grown.
     pub(crate) fn writeback_kick(&self) {
         if self.cache.dirty_pressure() {
