@@ -1089,7 +1089,9 @@ const IO_ERRORS: usize = 500;
 
 /// A 1 MiB cache, so that metadata is evicted and read again: reads to fail.
 fn io_options() -> Options {
-    Options { cache_mb: 1, ..options() }
+    // remount-ro, so that every error the phase records (a failed metadata read
+    // as well as an abort) leaves the state it checks: writes refused.
+    Options { cache_mb: 1, errors: Some(uext4::Errors::RemountRo), ..options() }
 }
 
 /// The workload of the I/O phase: after every operation the clean cached
