@@ -315,10 +315,15 @@ fn run_model(seed: u64, image: &std::path::Path, shape: &str, steps: usize, inli
             _ => {
                 if let Some(ino) = existing {
                     let key = format!("user.k{}", rng.below(4));
+                    let value = vec![b'v'; rng.below(300) as usize];
                     if rng.below(3) == 0 {
                         let _ = fs.remove_xattr(ino, key.as_bytes());
+                    } else if let Some(Kind::Symlink(_)) = m.kinds.get(&ino) {
+                        // The VFS keeps user.* to files and directories (EPERM).
+                        let refused = fs.set_xattr(ino, key.as_bytes(), &value, 0);
+                        assert!(matches!(refused, Err(uext4::Error::NotPermitted(_))), "{refused:?}");
                     } else {
-                        fs.set_xattr(ino, key.as_bytes(), &vec![b'v'; rng.below(300) as usize], 0).unwrap();
+                        fs.set_xattr(ino, key.as_bytes(), &value, 0).unwrap();
                     }
                 }
                 vec![(d, name)]
