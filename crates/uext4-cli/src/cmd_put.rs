@@ -33,6 +33,8 @@ pub(crate) struct Importer<'a> {
     pub(crate) progress: Option<Instant>,
     /// The copy buffer, reused from file to file.
     pub(crate) buf: Vec<u8>,
+    /// Host extended attributes the image did not take (each named on stderr).
+    pub(crate) lost_attributes: u64,
 }
 
 pub(crate) fn host_error(path: &Path, e: std::io::Error) -> Error {
@@ -155,6 +157,7 @@ impl<'a> Importer<'a> {
             bytes: 0,
             progress: std::io::stderr().is_terminal().then(Instant::now),
             buf: Vec::new(),
+            lost_attributes: 0,
         }
     }
 
@@ -245,6 +248,7 @@ impl<'a> Importer<'a> {
         let perm = (md.mode() & 0o7777) as u16;
         for (xname, value) in host_xattrs(src) {
             if let Err(e) = self.fs.set_xattr(ino, &xname, &value, 0) {
+                self.lost_attributes += 1;
                 eprintln!(
                     "uext4: {}: attribute {}: {}",
                     escape(src.as_os_str().as_bytes()),
@@ -473,9 +477,10 @@ fn copy_in_pass(
         let context =
             || format!("cp: cannot copy {} to {}", crate::show::quoted(&src.display().to_string()), dest.quoted());
         if jobs > 1 && recursive && std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir()) {
-            let (files, bytes) = crate::put_parallel::copy_tree(fs, src, dir, name, jobs).context(context)?;
+            let (files, bytes, lost) = crate::put_parallel::copy_tree(fs, src, dir, name, jobs).context(context)?;
             im.files += files;
             im.bytes += bytes;
+            im.lost_attributes += lost;
         } else {
             im.copy(src, dir, name).context(context)?;
         }
@@ -496,6 +501,14 @@ fn copy_in_pass(
     }
     if im.progress.is_some() {
         eprintln!("\r{} files, {} MiB copied", im.files, im.bytes >> 20);
+    }
+    // As GNU cp -a ends when it cannot preserve an attribute: the copy is
+    // whole otherwise, and the exit status says something was left out.
+    if im.lost_attributes > 0 {
+        return Err(Failure::refused(format!(
+            "cp: {} extended attribute(s) could not be copied (named above)",
+            im.lost_attributes
+        )));
     }
     Ok(())
 }

@@ -175,11 +175,12 @@ impl Drop for Ends<'_> {
 }
 
 /// Copies host directory `src` to `name` in image directory `parent` with
-/// `jobs` copying threads; returns the files and bytes copied.
+/// `jobs` copying threads; returns the files and bytes copied, and how many
+/// host extended attributes the image did not take.
 ///
 /// # Errors
 /// The first error the walk or any copier met (host I/O, the image's refusals).
-pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: usize) -> Result<(u64, u64)> {
+pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: usize) -> Result<(u64, u64, u64)> {
     // SAFETY: geteuid and getegid have no preconditions.
     let caller = unsafe { Owner { uid: libc::geteuid(), gid: libc::getegid() } };
     let shared = Shared::new();
@@ -206,7 +207,7 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
                         }
                         shared.done_with(batch.dir);
                     }
-                    (im.files, im.bytes)
+                    (im.files, im.bytes, im.lost_attributes)
                 })
             })
             .collect();
@@ -215,9 +216,9 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
             shared.fail(e);
         }
         drop(walk_ends);
-        copiers.into_iter().fold((0, 0), |(f, b), c| {
-            let (files, bytes) = c.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (f + files, b + bytes)
+        copiers.into_iter().fold((0, 0, 0), |(f, b, l), c| {
+            let (files, bytes, lost) = c.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (f + files, b + bytes, l + lost)
         })
     });
     if let Some(e) = shared.first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -229,7 +230,7 @@ pub fn copy_tree(fs: &Filesystem, src: &Path, parent: u32, name: &[u8], jobs: us
     for (path, md, ino) in dirs.iter().rev() {
         serial.finish(path, md, *ino)?;
     }
-    Ok((totals.0 + serial.files, totals.1 + serial.bytes))
+    Ok((totals.0 + serial.files, totals.1 + serial.bytes, totals.2 + serial.lost_attributes))
 }
 
 /// Makes every directory of the tree at `src`, parents first, and hands the

@@ -637,3 +637,39 @@ fn names_its_lookups_cannot_find_stop_the_removal_with_corrupt() {
     }
     worker.join().unwrap();
 }
+
+/// A removal never needs a free block: on a disk filled to ENOSPC, an inline
+/// directory (with inline files) goes as on the kernel's rm -rf. It was moved
+/// to a block first and the removal failed with ENOSPC.
+#[test]
+fn an_inline_directory_goes_on_a_full_disk() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("full.img");
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-O", "inline_data"]).arg(&image).arg("8M"));
+    {
+        let fs = Filesystem::open(&image, rw()).unwrap();
+        let d = fs.mkdir(ROOT_INO, b"d", 0o755, ROOT).unwrap().ino;
+        for name in [&b"a"[..], b"b"] {
+            let f = fs.create(d, name, 0o644, ROOT).unwrap().ino;
+            fs.write(f, 0, b"small").unwrap();
+        }
+        let fill = fs.create(ROOT_INO, b"fill", 0o644, ROOT).unwrap().ino;
+        let chunk = vec![7u8; 1 << 20];
+        let mut at = 0u64;
+        loop {
+            match fs.write(fill, at, &chunk) {
+                Ok(n) if n == chunk.len() => at += n as u64,
+                Ok(_) | Err(Error::NoSpace(_)) => break,
+                Err(e) => panic!("filling: {e}"),
+            }
+        }
+        let probe = fs.create(ROOT_INO, b"probe", 0o644, ROOT).unwrap().ino;
+        assert!(!matches!(fs.write(probe, 0, &chunk[..65536]), Ok(65536)), "the disk is full");
+        fs.remove_tree(ROOT_INO, b"d").unwrap();
+        assert!(fs.lookup_path(b"/d").is_err());
+    }
+    oracle::assert_e2fsck_clean(&image);
+}

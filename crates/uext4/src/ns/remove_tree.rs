@@ -118,8 +118,7 @@ impl Filesystem {
     ///
     /// # Errors
     /// `Invalid` for `.` and `..`; `NotFound` when there is no such name;
-    /// `NotADirectory` when `parent` is not a directory; `ReadOnly`, `NoSpace`
-    /// (an inline directory moved to a block on a full disk), `Corrupt` (a
+    /// `NotADirectory` when `parent` is not a directory; `ReadOnly`, `Corrupt` (a
     /// damaged directory, or a directory loop) as for unlink and rmdir. What was
     /// removed before an error stays removed.
     pub fn remove_tree(&self, parent: u32, name: &[u8]) -> Result<RemovedTree> {
@@ -470,10 +469,9 @@ impl Filesystem {
             }
             let mut tx = self.begin(8 + 4 * doomed.len() as u32)?;
             let parallel = names.parallel(dir);
+            // An inline directory loses its names in place (remove_entry_near): a
+            // removal must not need a free block, least of all on a full disk.
             let _structure = self.dir_structure.lock(dir as u64, if parallel { Mode::Shared } else { Mode::Exclusive });
-            if !parallel {
-                self.uninline(&mut tx, dir)?;
-            }
             for (e, lblk) in &doomed {
                 let dir_inode = self.inode(dir)?;
                 self.remove_entry_near(&mut tx, dir, &dir_inode, &e.name, Some(*lblk as u64))?;
