@@ -577,6 +577,17 @@ pub struct ErrorRecord {
     pub errcode: u8,
 }
 
+/// Byte offsets of one error record's fields: time (low word, high byte),
+/// inode, block, function name (32 bytes), line, error code.
+struct ErrorFields {
+    time: (usize, usize),
+    ino: usize,
+    block: usize,
+    func: usize,
+    line: usize,
+    errcode: usize,
+}
+
 // The error record, between s_error_count and s_mount_opts, is not modelled as
 // fields: these read and write it in the raw bytes `to_bytes` starts from.
 const S_ERROR_COUNT: usize = 0x194;
@@ -595,33 +606,42 @@ impl Superblock {
 
     /// The first error recorded, if any (s_first_error_time is not zero).
     pub fn first_error(&self) -> Option<ErrorRecord> {
-        let b = &self.raw[..];
-        let time = time_with_hi(le32(b, S_FIRST_ERROR), b[S_FIRST_ERROR_TIME_HI]);
-        let func = &b[0x1A8..0x1C8];
-        let func_len = func.iter().position(|&c| c == 0).unwrap_or(func.len());
-        (time != 0 || self.s_error_count() != 0).then(|| ErrorRecord {
-            time,
-            ino: le32(b, 0x19C),
-            block: le64(b, 0x1A0),
-            func: String::from_utf8_lossy(&func[..func_len]).into_owned(),
-            line: le32(b, 0x1C8),
-            errcode: b[S_FIRST_ERROR_ERRCODE],
+        self.error_at(&ErrorFields {
+            time: (S_FIRST_ERROR, S_FIRST_ERROR_TIME_HI),
+            ino: 0x19C,
+            block: 0x1A0,
+            func: 0x1A8,
+            line: 0x1C8,
+            errcode: S_FIRST_ERROR_ERRCODE,
         })
     }
 
     /// The last error recorded, if any.
     pub fn last_error(&self) -> Option<ErrorRecord> {
+        self.error_at(&ErrorFields {
+            time: (S_LAST_ERROR_TIME, S_LAST_ERROR_TIME_HI),
+            ino: 0x1D0,
+            block: 0x1D8,
+            func: 0x1E0,
+            line: 0x1D4,
+            errcode: S_LAST_ERROR_ERRCODE,
+        })
+    }
+
+    /// The record whose fields lie at `at` (the first and the last error are
+    /// laid out alike, at different offsets).
+    fn error_at(&self, at: &ErrorFields) -> Option<ErrorRecord> {
         let b = &self.raw[..];
-        let time = time_with_hi(le32(b, S_LAST_ERROR_TIME), b[S_LAST_ERROR_TIME_HI]);
-        let func = &b[0x1E0..0x200];
+        let time = time_with_hi(le32(b, at.time.0), b[at.time.1]);
+        let func = &b[at.func..at.func + 32];
         let func_len = func.iter().position(|&c| c == 0).unwrap_or(func.len());
         (time != 0 || self.s_error_count() != 0).then(|| ErrorRecord {
             time,
-            ino: le32(b, 0x1D0),
-            block: le64(b, 0x1D8),
+            ino: le32(b, at.ino),
+            block: le64(b, at.block),
             func: String::from_utf8_lossy(&func[..func_len]).into_owned(),
-            line: le32(b, 0x1D4),
-            errcode: b[S_LAST_ERROR_ERRCODE],
+            line: le32(b, at.line),
+            errcode: b[at.errcode],
         })
     }
 
