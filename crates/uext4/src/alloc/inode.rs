@@ -209,31 +209,36 @@ impl InodePolicy for MainlinePolicy {
 /// inode tables); then every other group, from there on. Without flex groups
 /// (or with one) it is `MainlinePolicy`'s order.
 pub fn flex_orlov_order(vol: &Volume, req: &InodeRequest) -> Vec<u32> {
-    let groups = vol.geo.group_count;
-    let per_flex = vol.geo.groups_per_flex.clamp(1, groups.max(1));
-    let flexes = groups.div_ceil(per_flex);
-    if per_flex == 1 || flexes == 1 {
+    let groups = vol.groups.len();
+    let per_flex = (vol.geo.groups_per_flex as usize).clamp(1, groups.max(1));
+    if per_flex == 1 || per_flex >= groups {
         return MainlinePolicy.group_order(vol, req);
     }
+    // (free inodes, free blocks, directories) of each flex group, in order.
     let descs: Vec<GroupDesc> = vol.groups.iter().map(|g| g.read().clone()).collect();
-    let sums = |f: u32| {
-        let members = (f * per_flex..((f + 1) * per_flex).min(groups)).map(|g| &descs[g as usize]);
-        members.fold((0u64, 0u64, 0u64), |(i, b, d), gd| {
-            (i + gd.bg_free_inodes_count as u64, b + gd.bg_free_blocks_count as u64, d + gd.bg_used_dirs_count as u64)
+    let stats: Vec<(u64, u64, u64)> = descs
+        .chunks(per_flex)
+        .map(|flex| {
+            flex.iter().fold((0, 0, 0), |(i, b, d), gd| {
+                (
+                    i + gd.bg_free_inodes_count as u64,
+                    b + gd.bg_free_blocks_count as u64,
+                    d + gd.bg_used_dirs_count as u64,
+                )
+            })
         })
-    };
-    let stats: Vec<(u64, u64, u64)> = (0..flexes).map(sums).collect();
-    let avg_inodes = stats.iter().map(|s| s.0).sum::<u64>() / flexes as u64;
-    let avg_blocks = stats.iter().map(|s| s.1).sum::<u64>() / flexes as u64;
-    let best = (0..flexes)
-        .filter(|&f| {
-            let (inodes, blocks, _) = stats[f as usize];
-            inodes > 0 && inodes >= avg_inodes && blocks >= avg_blocks
-        })
-        .min_by_key(|&f| (stats[f as usize].2, f))
-        .unwrap_or(0);
+        .collect();
+    let flexes = stats.len() as u64;
+    let avg_inodes = stats.iter().map(|s| s.0).sum::<u64>() / flexes;
+    let avg_blocks = stats.iter().map(|s| s.1).sum::<u64>() / flexes;
+    let best = stats
+        .iter()
+        .enumerate()
+        .filter(|(_, &(inodes, blocks, _))| inodes > 0 && inodes >= avg_inodes && blocks >= avg_blocks)
+        .min_by_key(|&(f, s)| (s.2, f))
+        .map_or(0, |(f, _)| f);
     let first = best * per_flex;
-    (0..groups).map(|i| (first + i) % groups).collect()
+    (0..groups).map(|i| ((first + i) % groups) as u32).collect()
 }
 
 impl Allocator {

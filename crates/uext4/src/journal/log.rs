@@ -902,15 +902,17 @@ impl Journal {
     /// workload whose every block is hot must still empty the log). A failed
     /// write aborts the journal. The caller holds the log.
     fn checkpoint_cold(&self, log: &mut LogState) -> Result<()> {
-        let latest = log.live.back().map(|t| t.commit);
-        let kept = log.checkpoint.values().filter(|p| p.hot && Some(p.commit) == latest).count();
+        let Some(&LiveTransaction { commit: latest, start, sequence, .. }) = log.live.back() else {
+            return self.checkpoint_locked(log, &[], FlagAfter::Keep);
+        };
+        let keep = |p: &Pinned| p.hot && p.commit == latest;
+        let kept = log.checkpoint.values().filter(|p| keep(p)).count();
         if kept == 0 || kept * 2 >= self.limits.checkpoint_pinned {
             return self.checkpoint_locked(log, &[], FlagAfter::Keep);
         }
         if let Some(why) = &self.state.lock().aborted {
             return Err(io_error(why));
         }
-        let keep = |p: &Pinned| p.hot && Some(p.commit) == latest;
         let written =
             self.write_copies_home(log.checkpoint.values().filter(|p| !keep(p)).map(|p| (p.buf.block, &p.data[..])));
         if let Err(e) = written {
@@ -926,15 +928,14 @@ impl Journal {
         while log.live.len() > 1 {
             log.live.pop_front();
         }
-        let tail = log.live.front().map(|t| (t.start, t.sequence)).expect("a kept copy's transaction is live");
-        if log.live_from != Some(tail.0) {
-            (log.jsb.s_start, log.jsb.s_sequence) = tail;
+        if log.live_from != Some(start) {
+            (log.jsb.s_start, log.jsb.s_sequence) = (start, sequence);
             let moved = self.write_jblock(0, &log.jsb.to_bytes()).and_then(|_| self.cache.device().flush());
             if let Err(e) = moved {
                 self.abort(&checkpoint_failed(&e));
                 return Err(e);
             }
-            log.live_from = Some(tail.0);
+            log.live_from = Some(start);
         }
         let mut st = self.state.lock();
         st.in_log.clear();

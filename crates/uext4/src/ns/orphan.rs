@@ -121,7 +121,7 @@ impl Filesystem {
         if ino != crate::ns::ROOT_INO && ino < self.vol.sb.read().first_ino() {
             return Err(Error::NotPermitted(format!("inode {ino} is reserved for the filesystem's own use")));
         }
-        if inode.i_links_count == 0 && !self.open_files.shard(ino).contains_key(&ino) {
+        if inode.i_links_count == 0 && !self.is_open(ino) {
             return Err(Error::NotFound(format!("inode {ino} is not in use (unlinked, and not open)")));
         }
         Ok(())
