@@ -201,25 +201,60 @@ fn fields(sb: &Superblock) -> Vec<(&'static str, String)> {
     if sb.s_error_count() != 0 {
         lines.push(("FS Error count", sb.s_error_count().to_string()));
     }
-    const FIRST: [&str; 5] = [
+    const FIRST: [&str; 6] = [
         "First error time",
         "First error function",
         "First error line #",
         "First error inode #",
         "First error block #",
+        "First error err",
     ];
-    const LAST: [&str; 5] =
-        ["Last error time", "Last error function", "Last error line #", "Last error inode #", "Last error block #"];
+    const LAST: [&str; 6] = [
+        "Last error time",
+        "Last error function",
+        "Last error line #",
+        "Last error inode #",
+        "Last error block #",
+        "Last error err",
+    ];
     for (labels, record) in [(FIRST, sb.first_error()), (LAST, sb.last_error())] {
-        // dumpe2fs shows a record only once it has a time.
+        // dumpe2fs shows a record only once it has a time, and its inode, block
+        // and code only when they are set.
         let Some(e) = record.filter(|e| e.time != 0) else { continue };
-        let values = [time(e.time), e.func, e.line.to_string(), e.ino.to_string(), e.block.to_string()];
-        lines.extend(labels.into_iter().zip(values));
+        let unless_zero = |n: u64| if n == 0 { String::new() } else { n.to_string() };
+        let err = error_code_name(e.errcode);
+        let values = [time(e.time), e.func, e.line.to_string(), unless_zero(e.ino.into()), unless_zero(e.block), err];
+        lines.extend(labels.into_iter().zip(values).filter(|(_, v)| !v.is_empty()));
     }
     if sb.has_metadata_csum() {
         lines.push(("Checksum", format!("{:#010x}", sb.s_checksum)));
     }
     lines
+}
+
+/// The name of a superblock error code, as dumpe2fs prints it (empty: none).
+fn error_code_name(code: u8) -> String {
+    const NAMES: [&str; 18] = [
+        "",
+        "UNKNOWN",
+        "EIO",
+        "ENOMEM",
+        "EFSBADCRC",
+        "EFSCORRUPTED",
+        "ENOSPC",
+        "ENOKEY",
+        "EROFS",
+        "EFBIG",
+        "EEXIST",
+        "ERANGE",
+        "EOVERFLOW",
+        "EBUSY",
+        "ENOTDIR",
+        "ENOTEMPTY",
+        "ESHUTDOWN",
+        "EFAULT",
+    ];
+    NAMES.get(code as usize).map_or_else(|| code.to_string(), |n| n.to_string())
 }
 
 /// dumpe2fs's words for s_state: clean or not, and "with errors" when an

@@ -162,7 +162,56 @@ fn main() -> ExitCode {
         // SAFETY: restores a signal's default action before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    let result: show::CliResult<()> = match cli.command {
+    report_errors_panic_briefly();
+    // errors=panic (the image's choice, or -o errors=panic) ends the command
+    // where the error was met: the library has recorded and reported the
+    // error and turned read-only, so this only says why the command stopped.
+    let run = std::panic::AssertUnwindSafe(|| run_command(cli.command));
+    let result = match std::panic::catch_unwind(run) {
+        Ok(result) => result,
+        Err(payload) if uext4::is_errors_panic(&panic_text(payload.as_ref())) => {
+            eprintln!("uext4: stopped by errors=panic (the error is recorded in the superblock); run e2fsck -f");
+            return ExitCode::from(1);
+        }
+        Err(payload) => std::panic::resume_unwind(payload),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if e.to_string().contains("Broken pipe") {
+                return ExitCode::SUCCESS;
+            }
+            for line in &e.lines {
+                eprintln!("uext4: {}", show::escape(line.as_bytes()));
+            }
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A panic's message, when it carries one.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<String>(), payload.downcast_ref::<&str>()) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) => s.to_string(),
+        (None, None) => String::new(),
+    }
+}
+
+/// An errors=panic stop is the image's choice, not a bug: no "thread panicked"
+/// report or backtrace hint for it (`main` says why the command stopped).
+/// Every other panic is reported as Rust reports it.
+fn report_errors_panic_briefly() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !uext4::is_errors_panic(&panic_text(info.payload())) {
+            default(info);
+        }
+    }));
+}
+
+fn run_command(command: Command) -> show::CliResult<()> {
+    match command {
         Command::Info(a) => cmd_info::run(a),
         Command::Ls(a) => cmd_ls::run_ls(a),
         Command::Cat(a) => cmd_ls::run_cat(a),
@@ -185,17 +234,5 @@ fn main() -> ExitCode {
         Command::Sync(a) => cmd_mount::sync(a).map_err(Into::into),
         Command::Tune(a) => cmd_mount::tune(a).map_err(Into::into),
         Command::Bench(a) => uext4_bench::run(&a).map_err(|e| show::Failure::from(uext4::Error::Invalid(e.0))),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            if e.to_string().contains("Broken pipe") {
-                return ExitCode::SUCCESS;
-            }
-            for line in &e.lines {
-                eprintln!("uext4: {}", show::escape(line.as_bytes()));
-            }
-            ExitCode::from(1)
-        }
     }
 }

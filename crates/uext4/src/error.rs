@@ -150,3 +150,12 @@ impl From<std::io::Error> for Error {
         Error::Io(e)
     }
 }
+
+/// Where uext4 noticed an error and what it was, for the superblock's record:
+/// the kernel writes the C function's name and the errno, uext4 names its step
+/// (`func`, at most 32 bytes) and gives the errno (0 when not known).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ErrorSite {
+    pub func: &'static str,
+    pub errno: i32,
+}

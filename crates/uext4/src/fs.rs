@@ -17,7 +17,7 @@
 use crate::alloc::{ActingAs, Allocator, MainlinePolicy, Owner};
 use crate::cache::BufferCache;
 use crate::dev::{BlockDevice, FileDevice, OverlayDevice};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorSite, Result};
 use crate::format::group_desc::GroupDesc;
 use crate::format::inode::Inode;
 use crate::format::superblock::*;
@@ -251,12 +251,12 @@ impl crate::journal::log::JournalOwner for JournalView {
         }
     }
 
-    fn aborted(&self, why: &str) {
-        self.errors.record(&self.cache, &self.sb, why, true);
+    fn aborted(&self, site: ErrorSite, why: &str) {
+        self.errors.record(&self.cache, &self.sb, site, why, true);
     }
 
     fn error_from_previous_mount(&self, errno: i32) {
-        self.errors.record_from_previous_mount(&self.cache, &self.sb, errno);
+        self.errors.mark_from_previous_mount(&self.cache, &self.sb, errno);
     }
 }
 
@@ -544,6 +544,10 @@ impl Filesystem {
         if !orphans.is_empty() {
             self.process_orphans(&orphans)?;
         }
+        // As the kernel's ext4_setup_super: the open goes on, with a word to the user.
+        if vol.sb.read().s_state & EXT4_ERROR_FS != 0 {
+            eprintln!("uext4: warning: opening a filesystem with errors for writing; running e2fsck -f is recommended");
+        }
         Ok(())
     }
 
@@ -622,7 +626,7 @@ impl Filesystem {
     /// not yet committed becomes durable, and enter the error state, as the
     /// kernel does when a filesystem path hits a bug.
     pub fn fail(&self, why: &str) {
-        self.vol.fail_operation(why);
+        self.vol.fail_operation(ErrorSite { func: "frontend_failure", errno: 0 }, why);
     }
 
     #[doc(hidden)]
@@ -878,11 +882,15 @@ impl Drop for Filesystem {
             if let Err(e) = self.sync() {
                 eprintln!("uext4: writing back on close failed: {e}");
             }
-        } else if !self.vol.opened_read_only() && self.vol.journal().is_none() {
+        } else if !self.vol.opened_read_only()
+            && self.vol.journal().is_none()
+            && self.errors_behaviour() != Errors::Panic
+        {
             // An error made a filesystem without a journal read-only. There is no
             // log to keep changes whole, so, as the kernel's write-back does, what
             // was changed before the error still goes home (acknowledged work is
             // not dropped); the superblock records the error, so e2fsck runs next.
+            // errors=panic stops where it is, as the kernel's panic does.
             if let Err(e) = self.vol.cache.flush() {
                 eprintln!("uext4: writing back on close after an error failed: {e}");
             }

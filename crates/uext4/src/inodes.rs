@@ -114,7 +114,13 @@ impl Filesystem {
             }
         }
         let buf = self.vol.cache.get(block).map_err(|e| {
-            self.vol.read_error(e, &format!("reading the inode table block of inode {ino}"), ino, block)
+            self.vol.read_error(
+                e,
+                "read_inode_from_table",
+                &format!("reading the inode table block of inode {ino}"),
+                ino,
+                block,
+            )
         })?;
         let data = buf.read();
         let slot = &data[off..off + self.vol.geo.inode_size];

@@ -144,7 +144,7 @@ impl JournalOwner for CommitCallback {
             alloc.committed(tid);
         }
     }
-    fn aborted(&self, why: &str) {
+    fn aborted(&self, _site: crate::error::ErrorSite, why: &str) {
         panic!("journal aborted: {why}");
     }
     fn error_from_previous_mount(&self, _errno: i32) {}

@@ -77,7 +77,9 @@ impl Allocator {
                 }
                 Ok(())
             })
-            .map_err(|e| self.vol.read_error(e, &format!("reading the block bitmap of group {g}"), 0, blk))
+            .map_err(|e| {
+                self.vol.read_error(e, "read_block_bitmap", &format!("reading the block bitmap of group {g}"), 0, blk)
+            })
     }
 
     /// Checks that every block of `ranges` ((start, len), sorted) is marked in use in

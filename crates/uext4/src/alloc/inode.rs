@@ -272,7 +272,9 @@ impl Allocator {
                 }
                 Ok(())
             })
-            .map_err(|e| self.vol.read_error(e, &format!("reading the inode bitmap of group {g}"), 0, blk))
+            .map_err(|e| {
+                self.vol.read_error(e, "read_inode_bitmap", &format!("reading the inode bitmap of group {g}"), 0, blk)
+            })
     }
 
     /// A slot the bitmap calls free must not hold a live inode (links count 0): a

@@ -27,7 +27,7 @@ use crate::format::inode::Inode;
 use crate::fs::Filesystem;
 use crate::journal::handle::Handle;
 
-use super::write::Item;
+use super::write::{Item, Node};
 
 /// What converting a range of one unwritten extent does: the physical ranges to
 /// overwrite with zeros, and the extents that replace the extent together with
@@ -36,6 +36,17 @@ use super::write::Item;
 pub(crate) struct Conversion {
     pub zero: Vec<(u64, u64)>,
     pub replace: Vec<Extent>,
+}
+
+/// A conversion planned against the tree as read (`plan_unwritten_conversion`):
+/// the path to the extent's leaf, the window of leaf items it replaces (the
+/// extent and the neighbours `plan` was given), and the plan.
+pub(crate) struct PlannedConversion {
+    path: Vec<Node>,
+    leaf: usize,
+    first: usize,
+    window: usize,
+    pub plan: Conversion,
 }
 
 /// Whether `b` continues `a` on disk and in the file, so the two can be one extent.
@@ -131,28 +142,29 @@ pub(crate) fn plan(
 }
 
 impl Filesystem {
-    /// Marks logical blocks [lblk, lblk + len) of `inode` written; they lie inside
-    /// one unwritten extent (the caller mapped them so). The extent's leaf is
-    /// edited in place (see the module comment for the rules), split only when it
-    /// overflows. `zeroout` is extent_zeroout_len as read at the start of the
-    /// caller's operation; the end of file is `inode.i_size` as it was before it.
+    /// Marking logical blocks [lblk, lblk + len) of `inode` written, in two
+    /// halves; they lie inside one unwritten extent (the caller mapped them so).
+    /// This half finds the extent and plans the change, reading only; the caller
+    /// then writes its data and the plan's zeros, and only then
+    /// `apply_unwritten_conversion` edits the extent's leaf in place (see the
+    /// module comment for the rules), splitting it only when it overflows. So a
+    /// failed data write changes nothing. `zeroout` is extent_zeroout_len as read
+    /// at the start of the caller's operation; the end of file is `inode.i_size`
+    /// as it was before it.
     ///
     /// # Errors
-    /// `Corrupt` if the range is not inside one unwritten extent; `NoSpace` when
-    /// a leaf must split and no block is left (the tree is then as it was, the
-    /// zeros written harmlessly into still-unwritten blocks); `Io`.
-    pub(crate) fn convert_unwritten(
+    /// `Corrupt` if the range is not inside one unwritten extent; `Io`.
+    pub(crate) fn plan_unwritten_conversion(
         &self,
-        tx: &mut Handle,
         ino: u32,
-        inode: &mut Inode,
+        inode: &Inode,
         lblk: u64,
         len: u64,
         zeroout: u32,
-    ) -> Result<()> {
+    ) -> Result<PlannedConversion> {
         let bs = self.vol.geo.block_size as u64;
         let eof_block = inode.i_size.div_ceil(bs).max(lblk + len);
-        let mut path = self.extent_path(ino, inode, lblk as u32)?;
+        let path = self.extent_path(ino, inode, lblk as u32)?;
         let leaf = path.len() - 1;
         let items = &path[leaf].items;
         let extent_at = |i: usize| match items.get(i) {
@@ -174,11 +186,25 @@ impl Filesystem {
         let left = pos.checked_sub(1).and_then(extent_at);
         let right = extent_at(pos + 1);
         let plan = plan(ex, left, right, lblk, len, eof_block, zeroout);
-        for &(pblk, count) in &plan.zero {
-            self.zero_blocks(pblk, count)?;
-        }
         let first = if left.is_some() { pos - 1 } else { pos };
         let window = 1 + left.is_some() as usize + right.is_some() as usize;
+        Ok(PlannedConversion { path, leaf, first, window, plan })
+    }
+
+    /// The second half of a conversion: puts the planned extents in the leaf.
+    /// The caller has written the data and the plan's zeros.
+    ///
+    /// # Errors
+    /// `NoSpace` when the leaf must split and no block is left (the tree is then
+    /// as it was, the zeros written harmlessly into still-unwritten blocks); `Io`.
+    pub(crate) fn apply_unwritten_conversion(
+        &self,
+        tx: &mut Handle,
+        ino: u32,
+        inode: &mut Inode,
+        planned: PlannedConversion,
+    ) -> Result<()> {
+        let PlannedConversion { mut path, leaf, first, window, plan } = planned;
         let items = plan.replace.into_iter().map(Item::Ext).collect();
         self.splice_items(tx, ino, inode, &mut path, leaf, first, window, items)
     }

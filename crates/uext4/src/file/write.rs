@@ -6,8 +6,12 @@
 //!
 //! Invariants: a write never maps a block whose bytes it has not written or
 //! zeroed; whatever was written stays written and mapped in the inode, even when
-//! a later block of the same call fails (a short write); a device error after a
-//! block was mapped leaves the handle unfinished, which aborts the journal.
+//! a later block of the same call fails (a short write). Each run's data goes to
+//! the device before the run's metadata changes, and a run whose data write fails
+//! gives back what it took (its new blocks), so a failed data write is an EIO to
+//! the caller and nothing more, as on the kernel's ext4, where a data I/O error
+//! never puts the filesystem in its error state. Any other device error after a
+//! change leaves the handle unfinished, which aborts the journal.
 
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
@@ -18,6 +22,20 @@ use crate::ns::change::now;
 
 /// Worst case for one data block: itself and a node split at every tree level.
 const DATA_SPACE_BLOCKS: u64 = 8;
+
+/// Why `write_blocks` stopped before the end of the data.
+enum Stop {
+    /// The device refused a run's data; the run changed nothing that stays.
+    DataWrite(Error),
+    /// A metadata step failed; an `Io` here may have left the step half done.
+    Step(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Step(e)
+    }
+}
 
 impl Filesystem {
     /// Writes `data` at `offset`: mapped blocks are overwritten in place, holes get
@@ -63,13 +81,19 @@ impl Filesystem {
         self.uninline(&mut tx, ino)?;
         let mut inode = (*self.inode(ino)?).clone();
         let mut done = 0usize;
-        let outcome = self.write_blocks(&mut tx, ino, &mut inode, offset, data, &mut done);
-        if let Err(e @ Error::Io(_)) = outcome {
-            // The device failed between a change (blocks taken, mapped) and the data
-            // it maps: that cannot be undone. The handle ends unfinished, which aborts
-            // the journal if it changed anything (see journal/handle.rs).
-            return Err(e);
-        }
+        let outcome = match self.write_blocks(&mut tx, ino, &mut inode, offset, data, &mut done) {
+            Ok(()) => Ok(()),
+            // The data did not reach the device and the run gave back what it took:
+            // the metadata is whole, and what was written before it stands.
+            Err(Stop::DataWrite(e)) => Err(e),
+            Err(Stop::Step(e @ Error::Io(_))) => {
+                // The device failed inside a metadata step, which may be half done.
+                // The handle ends unfinished, which aborts the journal if it changed
+                // anything (see journal/handle.rs).
+                return Err(e);
+            }
+            Err(Stop::Step(e)) => Err(e),
+        };
         if outcome.is_err() && done == 0 {
             // Nothing was written; the inode may still have changed (a failed step
             // leaves the tree as it was, earlier steps may not), so it is saved.
@@ -103,7 +127,7 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
         done: &mut usize,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), Stop> {
         let bs = self.vol.geo.block_size as u64;
         // Read once for the whole operation (seed 001, Zach Brown's point): a
         // change through `tune` mid-write cannot mix two lengths in one write.
@@ -120,7 +144,8 @@ impl Filesystem {
                 MapKind::Mapped(p) => {
                     // File data goes straight to the device, before the metadata that maps it.
                     let bytes = run_bytes(run.len);
-                    self.vol.cache.device().write_at(p * bs + in_block as u64, &rest[..bytes])?;
+                    let device = self.vol.cache.device();
+                    device.write_at(p * bs + in_block as u64, &rest[..bytes]).map_err(Stop::DataWrite)?;
                     *done += bytes;
                 }
                 MapKind::Unwritten(p) => {
@@ -128,8 +153,12 @@ impl Filesystem {
                     // Preallocated but never written: its old bytes must not show, so
                     // what this write leaves of its first and last block becomes zeros.
                     let bytes = run_bytes(run.len);
-                    self.write_zero_padded(p, in_block, &rest[..bytes])?;
-                    self.convert_unwritten(tx, ino, inode, lblk, run.len, zeroout)?;
+                    let planned = self.plan_unwritten_conversion(ino, inode, lblk, run.len, zeroout)?;
+                    self.write_zero_padded(p, in_block, &rest[..bytes]).map_err(Stop::DataWrite)?;
+                    for &(pblk, count) in &planned.plan.zero {
+                        self.zero_blocks(pblk, count).map_err(Stop::DataWrite)?;
+                    }
+                    self.apply_unwritten_conversion(tx, ino, inode, planned)?;
                     *done += bytes;
                 }
                 MapKind::Hole => {
@@ -156,12 +185,20 @@ impl Filesystem {
                     };
                     let bytes = run_bytes(got as u64);
                     // Fresh blocks: the parts of the first and last this write leaves are zeros.
-                    self.write_zero_padded(p, in_block, &rest[..bytes])?;
+                    if let Err(e) = self.write_zero_padded(p, in_block, &rest[..bytes]) {
+                        // The new blocks go back (unmapped first where the block map
+                        // took them at once); the inode is as before this run.
+                        match block_mapped {
+                            true => self.ind_remove(tx, ino, inode, lblk, lblk + got as u64)?,
+                            false => self.alloc.free_blocks_range(tx, p, got as u64)?,
+                        }
+                        return Err(Stop::DataWrite(e));
+                    }
                     if !block_mapped {
                         if let Err(e) = self.extent_append(tx, ino, inode, lblk, p, got) {
                             // The tree is as it was: the blocks go back.
                             self.alloc.free_blocks_range(tx, p, got as u64)?;
-                            return Err(e);
+                            return Err(Stop::Step(e));
                         }
                     }
                     *done += bytes;

@@ -560,9 +560,49 @@ pub const EXT4_ERRORS_CONTINUE: u16 = 1;
 pub const EXT4_ERRORS_RO: u16 = 2;
 pub const EXT4_ERRORS_PANIC: u16 = 3;
 
-/// ext4's error codes for s_first_error_errcode/s_last_error_errcode.
+/// ext4's error codes for s_first_error_errcode/s_last_error_errcode: errnos
+/// differ between architectures, so the superblock keeps these instead.
 pub const EXT4_ERR_UNKNOWN: u8 = 1;
 pub const EXT4_ERR_EIO: u8 = 2;
+pub const EXT4_ERR_ENOMEM: u8 = 3;
+pub const EXT4_ERR_EFSBADCRC: u8 = 4;
+pub const EXT4_ERR_EFSCORRUPTED: u8 = 5;
+pub const EXT4_ERR_ENOSPC: u8 = 6;
+pub const EXT4_ERR_ENOKEY: u8 = 7;
+pub const EXT4_ERR_EROFS: u8 = 8;
+pub const EXT4_ERR_EFBIG: u8 = 9;
+pub const EXT4_ERR_EEXIST: u8 = 10;
+pub const EXT4_ERR_ERANGE: u8 = 11;
+pub const EXT4_ERR_EOVERFLOW: u8 = 12;
+pub const EXT4_ERR_EBUSY: u8 = 13;
+pub const EXT4_ERR_ENOTDIR: u8 = 14;
+pub const EXT4_ERR_ENOTEMPTY: u8 = 15;
+pub const EXT4_ERR_ESHUTDOWN: u8 = 16;
+pub const EXT4_ERR_EFAULT: u8 = 17;
+
+/// The superblock's code for a Linux errno (the kernel's ext4_errno_to_code);
+/// EXT4_ERR_UNKNOWN for one it has no code for, and for 0 (not known).
+pub fn error_code_of_errno(errno: i32) -> u8 {
+    match errno {
+        5 => EXT4_ERR_EIO,
+        12 => EXT4_ERR_ENOMEM,
+        74 => EXT4_ERR_EFSBADCRC,     // EBADMSG, the kernel's EFSBADCRC
+        117 => EXT4_ERR_EFSCORRUPTED, // EUCLEAN, the kernel's EFSCORRUPTED
+        28 => EXT4_ERR_ENOSPC,
+        126 => EXT4_ERR_ENOKEY,
+        30 => EXT4_ERR_EROFS,
+        27 => EXT4_ERR_EFBIG,
+        17 => EXT4_ERR_EEXIST,
+        34 => EXT4_ERR_ERANGE,
+        75 => EXT4_ERR_EOVERFLOW,
+        16 => EXT4_ERR_EBUSY,
+        20 => EXT4_ERR_ENOTDIR,
+        39 => EXT4_ERR_ENOTEMPTY,
+        108 => EXT4_ERR_ESHUTDOWN,
+        14 => EXT4_ERR_EFAULT,
+        _ => EXT4_ERR_UNKNOWN,
+    }
+}
 
 /// Where an error happened, as the superblock records it (s_first_error_*,
 /// s_last_error_*).
@@ -671,6 +711,13 @@ impl Superblock {
         put_le64(b, 0x1D8, e.block);
         b[0x1E0..0x200].copy_from_slice(&func);
         b[S_LAST_ERROR_ERRCODE] = e.errcode;
+    }
+
+    /// Marks the filesystem as having errors without recording one: what the
+    /// kernel does at mount when the journal says a previous mount aborted
+    /// (ext4_clear_journal_err sets EXT4_ERROR_FS and nothing else).
+    pub fn mark_errors(&mut self) {
+        self.s_state |= EXT4_ERROR_FS;
     }
 
     /// Carries the error state and record of `from` over (the kernel keeps them

@@ -80,7 +80,10 @@ impl Drop for Handle<'_> {
         // Abort while still inside the transaction, so it cannot close and commit
         // half-done in between (the abort itself waits for no commit).
         if self.dirtied && !self.finished {
-            self.vol.fail_operation("an operation failed after changing metadata, which cannot be undone");
+            // The error that stopped the operation went to its caller; the record
+            // says where (the kernel's ext4_journal_abort_handle) with no errno.
+            let site = crate::error::ErrorSite { func: "handle_unfinished", errno: 0 };
+            self.vol.fail_operation(site, "an operation failed after changing metadata, which cannot be undone");
         }
         self.joined.take();
         HANDLES_HELD.with(|h| h.set(h.get() - 1));

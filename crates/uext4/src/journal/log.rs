@@ -48,7 +48,7 @@
 //! closed transaction, empty ones too; log sequences count only those written.
 
 use crate::cache::{Buffer, BufferCache};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorSite, Result};
 use crate::format::journal::*;
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
@@ -67,7 +67,7 @@ pub(crate) trait JournalOwner: Send + Sync {
     /// frees, keyed by transaction).
     fn committed(&self, tid: u64);
     /// The journal aborted: record the error and stop writing.
-    fn aborted(&self, why: &str);
+    fn aborted(&self, site: ErrorSite, why: &str);
     /// The journal superblock recorded an errno (an abort in a previous mount):
     /// record it as an error of the filesystem, as the kernel does at mount.
     fn error_from_previous_mount(&self, errno: i32);
@@ -528,7 +528,7 @@ impl Journal {
 
     /// Stops the journal: nothing commits from here on. Idempotent; the first
     /// reason is kept.
-    pub(crate) fn abort(&self, why: &str) {
+    pub(crate) fn abort(&self, site: ErrorSite, why: &str) {
         {
             let mut st = self.state.lock();
             if st.aborting {
@@ -541,7 +541,7 @@ impl Journal {
         }
         // errors=panic panics in the owner: the journal still ends aborted, so no
         // waiter hangs on a journal that will never commit again.
-        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.owner.aborted(why)));
+        let recorded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.owner.aborted(site, why)));
         self.state.lock().aborted = Some(why.to_string());
         self.aborted_flag.store(true, Ordering::Release);
         self.changed.notify_all();
@@ -728,7 +728,8 @@ impl Journal {
                 // them, and what reads them sees the latest state), the frees stay
                 // pending, and the journal stops.
                 self.cache.redirty(copies.into_iter().map(|(b, _)| b));
-                self.abort(&format!("commit of transaction {tid} failed: {e}"));
+                let site = ErrorSite { func: "journal_commit", errno: e.errno() };
+                self.abort(site, &format!("commit of transaction {tid} failed: {e}"));
                 Err(e)
             }
         }
@@ -835,7 +836,7 @@ impl Journal {
         }
         let result = self.write_home(log);
         if let Err(e) = &result {
-            self.abort(&checkpoint_failed(e));
+            self.abort(checkpoint_site(e), &checkpoint_failed(e));
             return result;
         }
         log.checkpoint.clear();
@@ -843,7 +844,7 @@ impl Journal {
         log.live_from = None;
         log.stats.checkpoints += 1;
         if let Err(e) = self.clear_recovery_flag(log, flag) {
-            self.abort(&checkpoint_failed(&e));
+            self.abort(checkpoint_site(&e), &checkpoint_failed(&e));
             return Err(e);
         }
         let mut st = self.state.lock();
@@ -916,7 +917,7 @@ impl Journal {
         let written =
             self.write_copies_home(log.checkpoint.values().filter(|p| !keep(p)).map(|p| (p.buf.block, &p.data[..])));
         if let Err(e) = written {
-            self.abort(&checkpoint_failed(&e));
+            self.abort(checkpoint_site(&e), &checkpoint_failed(&e));
             return Err(e);
         }
         let before = log.checkpoint.len();
@@ -932,7 +933,7 @@ impl Journal {
             (log.jsb.s_start, log.jsb.s_sequence) = (start, sequence);
             let moved = self.write_jblock(0, &log.jsb.to_bytes()).and_then(|_| self.cache.device().flush());
             if let Err(e) = moved {
-                self.abort(&checkpoint_failed(&e));
+                self.abort(checkpoint_site(&e), &checkpoint_failed(&e));
                 return Err(e);
             }
             log.live_from = Some(start);
@@ -966,6 +967,10 @@ fn checkpoint_failed(e: &Error) -> String {
     )
 }
 
+fn checkpoint_site(e: &Error) -> ErrorSite {
+    ErrorSite { func: "journal_checkpoint", errno: e.errno() }
+}
+
 /// What a checkpoint does with needs_recovery once the log is empty.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FlagAfter {
@@ -996,7 +1001,7 @@ mod tests {
         fn committed(&self, tid: u64) {
             self.committed.lock().push(tid);
         }
-        fn aborted(&self, why: &str) {
+        fn aborted(&self, _site: ErrorSite, why: &str) {
             *self.aborted.lock() = Some(why.to_string());
         }
         fn error_from_previous_mount(&self, _errno: i32) {}

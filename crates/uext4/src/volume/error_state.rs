@@ -7,10 +7,10 @@
 //! needs_recovery flag) holds `home_superblock`, so neither undoes the other.
 
 use crate::cache::BufferCache;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorSite as Site, Result};
 use crate::format::superblock::*;
 use parking_lot::{Mutex, RwLock};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// The kernel's errors= behaviours. Whatever the choice, an error that aborts the
@@ -23,7 +23,9 @@ pub enum Errors {
     Continue,
     /// Refuse changes from then on (errors=remount-ro).
     RemountRo,
-    /// Abort the process (errors=panic).
+    /// Stop (errors=panic): the filesystem turns read-only and the call that
+    /// met the error panics, with a message `is_errors_panic` recognizes; a
+    /// frontend ends there, as the kernel's panic stops the machine.
     Panic,
 }
 
@@ -102,20 +104,32 @@ impl ErrorState {
     /// The kernel's ext4_handle_error: record the error in the superblock, then do
     /// what errors= says. `abort` errors (the journal stopped, or a change was left
     /// half-done) make the filesystem read-only even under errors=continue.
-    pub(crate) fn record(&self, cache: &BufferCache, sb: &RwLock<Superblock>, why: &str, abort: bool) {
-        self.record_as(cache, sb, why, abort, error_record(why));
+    pub(crate) fn record(&self, cache: &BufferCache, sb: &RwLock<Superblock>, site: Site, why: &str, abort: bool) {
+        self.record_as(cache, sb, why, abort, error_record(site));
     }
 
     /// As `record`, for an error at inode `ino` (0: none) and block `block`,
     /// which the superblock's record names as the kernel's does.
-    pub(crate) fn record_at(&self, cache: &BufferCache, sb: &RwLock<Superblock>, why: &str, ino: u32, block: u64) {
-        self.record_as(cache, sb, why, false, ErrorRecord { ino, block, ..error_record(why) });
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_at(
+        &self,
+        cache: &BufferCache,
+        sb: &RwLock<Superblock>,
+        site: Site,
+        why: &str,
+        ino: u32,
+        block: u64,
+    ) {
+        self.record_as(cache, sb, why, false, ErrorRecord { ino, block, ..error_record(site) });
     }
 
     fn record_as(&self, cache: &BufferCache, sb: &RwLock<Superblock>, why: &str, abort: bool, rec: ErrorRecord) {
         // The reason first, then the state: whoever sees the error state sees it whole.
         let _ = self.reason.set(why.to_string());
-        let state = if self.behaviour == Errors::RemountRo || abort { ERROR_READ_ONLY } else { ERROR_RECORDED };
+        // errors=panic stops everything, as the kernel's panic stops the machine:
+        // read-only first, so that nothing unwinding the panic (a close) writes.
+        let stops = self.behaviour != Errors::Continue;
+        let state = if stops || abort { ERROR_READ_ONLY } else { ERROR_RECORDED };
         self.state.fetch_max(state, Ordering::SeqCst);
         eprintln!("uext4: error: {why}");
         sb.write().record_error(&rec);
@@ -123,36 +137,69 @@ impl ErrorState {
             eprintln!("uext4: recording the error in the superblock failed: {e}");
         }
         if self.behaviour == Errors::Panic {
-            panic!("uext4: errors=panic: {why}");
+            // The payload starts with ERRORS_PANIC, by which a frontend tells
+            // this stop from a bug (see `is_errors_panic`).
+            ERRORS_PANICKED.store(true, Ordering::SeqCst);
+            panic!("{ERRORS_PANIC}{why}");
         }
     }
 
     /// The journal superblock recorded an errno (an abort in a previous mount):
-    /// as the kernel at mount, the error is recorded and the mount goes on.
-    pub(crate) fn record_from_previous_mount(&self, cache: &BufferCache, sb: &RwLock<Superblock>, errno: i32) {
-        let why = format!("the journal recorded error {errno} in a previous mount");
-        let rec = error_record(&why);
-        sb.write().record_error(&rec);
-        let _ = self.write_home(cache, &rec);
+    /// as the kernel's ext4_clear_journal_err at mount, the filesystem is marked
+    /// as having errors (no new record: the abort recorded its own) and the
+    /// open goes on.
+    pub(crate) fn mark_from_previous_mount(&self, cache: &BufferCache, sb: &RwLock<Superblock>, errno: i32) {
+        eprintln!(
+            "uext4: warning: the journal recorded error {errno} in a previous mount; \
+             marking the filesystem as having errors (run e2fsck -f)"
+        );
+        sb.write().mark_errors();
+        if let Err(e) = self.patch_home(cache, Superblock::mark_errors) {
+            eprintln!("uext4: marking the superblock as having errors failed: {e}");
+        }
     }
 
-    /// Records the error in the superblock on disk: the home copy is patched, not
-    /// replaced by the in-memory one (which holds changes no commit made durable).
+    /// Records the error in the superblock on disk.
     fn write_home(&self, cache: &BufferCache, rec: &ErrorRecord) -> Result<()> {
+        self.patch_home(cache, |home| home.record_error(rec))
+    }
+
+    /// Changes the home superblock on disk by `change` and flushes: the home copy
+    /// is patched, not replaced by the in-memory one (which holds changes no
+    /// commit made durable).
+    fn patch_home(&self, cache: &BufferCache, change: impl FnOnce(&mut Superblock)) -> Result<()> {
         let _home = self.home_superblock.lock();
         let dev = cache.device();
         let mut raw = [0u8; SUPERBLOCK_SIZE];
         dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
         let mut home = Superblock::from_bytes(&raw);
-        home.record_error(rec);
+        change(&mut home);
         dev.write_at(SUPERBLOCK_OFFSET, &home.to_bytes())?;
         dev.flush()
     }
 }
 
-fn error_record(why: &str) -> ErrorRecord {
-    // The function field names where uext4 noticed, as the kernel's names the C
-    // function: the first words of the reason.
-    let func: String = why.chars().take(32).collect();
-    ErrorRecord { time: crate::clock::coarse_seconds(), ino: 0, block: 0, func, line: 0, errcode: EXT4_ERR_EIO }
+/// How an errors=panic stop's panic message begins.
+const ERRORS_PANIC: &str = "uext4: errors=panic: ";
+
+/// Set (for good) when an errors=panic stop panics in this process.
+static ERRORS_PANICKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a panic is an errors=panic stop (the image asked for it) rather than
+/// a bug, by its message or, for a panic passed on from another thread (a
+/// scope's "a scoped thread panicked"), because such a stop happened in this
+/// process: a frontend reports the one as the image's choice.
+pub fn is_errors_panic(message: &str) -> bool {
+    message.starts_with(ERRORS_PANIC) || ERRORS_PANICKED.load(Ordering::SeqCst)
+}
+
+fn error_record(site: Site) -> ErrorRecord {
+    ErrorRecord {
+        time: crate::clock::coarse_seconds(),
+        ino: 0,
+        block: 0,
+        func: site.func.to_string(),
+        line: 0,
+        errcode: error_code_of_errno(site.errno),
+    }
 }

@@ -17,11 +17,11 @@
 mod error_state;
 
 pub(crate) use error_state::ErrorState;
-pub use error_state::Errors;
+pub use error_state::{is_errors_panic, Errors};
 
 use crate::cache::{BufferCache, Writeback};
 use crate::dev::{BlockDevice, IoClass};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorSite, Result};
 use crate::format::group_desc::{GdCsum, GroupDesc};
 use crate::format::superblock::*;
 use crate::journal::handle::Handle;
@@ -322,10 +322,10 @@ impl Volume {
     /// An operation failed in a way that cannot be undone (a handle ended after
     /// dirtying buffers without `finish`): abort the journal, so the half-done
     /// change never commits, and enter the error state.
-    pub(crate) fn fail_operation(&self, why: &str) {
+    pub(crate) fn fail_operation(&self, site: ErrorSite, why: &str) {
         match self.journal() {
-            Some(journal) => journal.abort(why),
-            None => self.errors.record(&self.cache, &self.sb, why, false),
+            Some(journal) => journal.abort(site, why),
+            None => self.errors.record(&self.cache, &self.sb, site, why, false),
         }
     }
 
@@ -334,9 +334,10 @@ impl Volume {
     /// inode bitmap"): on a writable open the error is recorded in the
     /// superblock and errors= decides what follows (read-only by default);
     /// a read-only open records nothing. Passes `e` back for the caller.
-    pub(crate) fn read_error(&self, e: Error, what: &str, ino: u32, block: u64) -> Error {
+    pub(crate) fn read_error(&self, e: Error, func: &'static str, what: &str, ino: u32, block: u64) -> Error {
         if matches!(e, Error::Io(_)) && !self.opened_read_only() {
-            self.errors.record_at(&self.cache, &self.sb, &format!("{what}: {e}"), ino, block);
+            let site = ErrorSite { func, errno: e.errno() };
+            self.errors.record_at(&self.cache, &self.sb, site, &format!("{what}: {e}"), ino, block);
         }
         e
     }
