@@ -7,6 +7,8 @@
 //! directories are checked to be real directories before entering them, and
 //! ownership and times are set without following links. Only a file's data
 //! runs are read (SEEK_DATA/SEEK_HOLE in the image); its holes stay holes.
+//! Extended attributes (ACLs included) are copied as GNU cp -a copies them,
+//! after the owner (a chown drops security.capability) and before the mode.
 
 use crate::show::{escape, CliResult, Context, Failure};
 use crate::target::{open_ro, resolve, Last, OpenArgs, Target};
@@ -32,7 +34,7 @@ pub struct CpArgs {
     /// scheduling
     #[arg(long)]
     pub reproducible: bool,
-    /// Accepted for cp's sake: modes, owners and times are always kept
+    /// Accepted for cp's sake: modes, owners (as root), times and extended attributes are always kept
     #[arg(short = 'p', long = "preserve")]
     _preserve: bool,
     /// Copy in with N threads (default: the number of CPUs); the result equals -j 1's
@@ -66,6 +68,12 @@ struct Extractor<'a> {
     /// Entries of a recursive copy that could not be copied: reported as they
     /// happen, and the copy goes on with the rest, as GNU cp -r does.
     failures: u64,
+    /// Extended attributes the host refused (reported as they happen); the
+    /// copy ends with exit 1 and their count, as copy-in does.
+    lost_attributes: u64,
+    /// trusted.* and security.* attributes left out because only root may set
+    /// them on the host (said once at the end, as device nodes are skipped).
+    privileged_attributes_skipped: u64,
 }
 
 fn host_error(path: &Path, e: std::io::Error) -> Error {
@@ -99,6 +107,18 @@ fn set_times(path: &Path, st: &Stat) -> Result<()> {
     let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
     if r != 0 {
         return Err(host_error(path, std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// lsetxattr: the attribute goes on `path` itself, a symlink included.
+fn set_host_xattr(path: &Path, name: &[u8], value: &[u8]) -> std::io::Result<()> {
+    let c = cstr(path);
+    let n = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: both strings are NUL-terminated; value and its length are ours.
+    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -166,6 +186,7 @@ impl Extractor<'_> {
         if self.is_root {
             set_owner(dst, st)?;
         }
+        self.copy_xattrs(ino, dst)?;
         if st.file_type != FileType::Symlink {
             fs::set_permissions(dst, fs::Permissions::from_mode(st.perm as u32)).map_err(|e| host_error(dst, e))?;
         }
@@ -173,6 +194,24 @@ impl Extractor<'_> {
             set_times(dst, st)?;
         }
         self.tick();
+        Ok(())
+    }
+
+    /// Sets `ino`'s extended attributes on `dst` (not following a symlink). The
+    /// host may refuse one (a filesystem without xattrs, user.* on a symlink):
+    /// that is reported and counted, and the copy goes on.
+    fn copy_xattrs(&mut self, ino: u32, dst: &Path) -> Result<()> {
+        for (name, value) in self.fs.xattrs(ino)? {
+            let privileged = name.starts_with(b"trusted.") || name.starts_with(b"security.");
+            if privileged && !self.is_root {
+                self.privileged_attributes_skipped += 1;
+                continue;
+            }
+            if let Err(e) = set_host_xattr(dst, &name, &value) {
+                self.lost_attributes += 1;
+                eprintln!("uext4: cp: {}: attribute {}: {e}", escape(dst.as_os_str().as_bytes()), escape(&name));
+            }
+        }
         Ok(())
     }
 
@@ -341,6 +380,8 @@ fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> 
         copied: 0,
         progress: std::io::stderr().is_terminal(),
         failures: 0,
+        lost_attributes: 0,
+        privileged_attributes_skipped: 0,
     };
     // As cp does: into an existing directory under the source's own name, else as DEST.
     // The root or a final '.' (`cp -r IMG:/dir/. HOSTDIR`): the contents go straight
@@ -378,9 +419,18 @@ fn copy_out(source: Target, dest: PathBuf, recursive: bool, open: &OpenArgs) -> 
     if ex.progress && ex.copied >= 1000 {
         eprintln!("\r{} files copied", ex.copied);
     }
-    match ex.failures {
-        0 => Ok(()),
-        n => Err(Failure::refused(format!(
+    if ex.privileged_attributes_skipped > 0 {
+        eprintln!(
+            "uext4: cp: {} trusted.* or security.* attribute(s) left out (only root may set them)",
+            ex.privileged_attributes_skipped
+        );
+    }
+    match (ex.failures, ex.lost_attributes) {
+        (0, 0) => Ok(()),
+        (0, lost) => {
+            Err(Failure::refused(format!("cp: {lost} extended attribute(s) could not be copied (named above)")))
+        }
+        (n, _) => Err(Failure::refused(format!(
             "cp: {n} {} could not be copied (named above); the rest were",
             if n == 1 { "entry" } else { "entries" }
         ))),

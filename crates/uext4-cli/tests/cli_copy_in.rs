@@ -1,6 +1,7 @@
 //! Copying a real source tree into an image with `uext4 cp -r`, judged by e2fsck
 //! and the kernel: the loop-mounted image must equal the tree (diff -r, plus
-//! modes, owners, mtimes with nanoseconds, hard-link structure, xattrs).
+//! modes, owners, mtimes with nanoseconds, hard-link structure, xattrs); and
+//! out of one, where the host copy must equal the kernel's view of the image.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -469,4 +470,55 @@ fn an_attribute_the_image_cannot_take_fails_the_copy() {
     let cat = Command::new(env!("CARGO_BIN_EXE_uext4")).arg("cat").arg(format!("{}:/s/g", image.display())).output();
     assert_eq!(cat.unwrap().stdout, b"more", "the rest of the tree was copied");
     run(Command::new("e2fsck").arg("-fn").arg(&image));
+}
+
+/// Copy-out keeps extended attributes as GNU cp -a does: user.*, trusted.*,
+/// security.* and POSIX ACLs (access and default) on files, directories and
+/// symlinks, written by the kernel into the image, come out on the host as the
+/// kernel's mount shows them (it copied none before), and a capability
+/// survives the chown that restores the owner.
+#[test]
+fn copy_out_keeps_extended_attributes_and_acls() {
+    if unsafe { libc::geteuid() } != 0 && skip("loop mounts need root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("64M"));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mnt));
+    let kernel_side = {
+        let guard = Mount(mnt.clone());
+        let tree = mnt.join("tree");
+        std::fs::create_dir_all(tree.join("sub")).unwrap();
+        std::fs::write(tree.join("file"), b"data").unwrap();
+        std::fs::write(tree.join("tool"), b"#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("file", tree.join("link")).unwrap();
+        run(Command::new("chown").args(["1234:5678"]).arg(tree.join("tool")));
+        for (name, value, path) in [
+            ("user.note", "kept", "file"),
+            ("user.dir", "also", "sub"),
+            ("trusted.secret", "root only", "file"),
+            ("trusted.on_link", "a symlink's", "link"),
+            ("security.test", "labelled", "sub"),
+        ] {
+            run(Command::new("setfattr").args(["-h", "-n", name, "-v", value]).arg(tree.join(path)));
+        }
+        run(Command::new("setcap").arg("cap_net_raw+ep").arg(tree.join("tool")));
+        run(Command::new("setfacl").args(["-m", "u:1000:rw,g:100:r"]).arg(tree.join("file")));
+        run(Command::new("setfacl").args(["-d", "-m", "u:1000:rwx"]).arg(tree.join("sub")));
+        let view = kernel_view(&tree);
+        drop(guard);
+        view
+    };
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    run(Command::new(bin).args(["cp", "-r"]).arg(format!("{}:/tree", image.display())).arg(&out));
+    let host_side = kernel_view(&out.join("tree"));
+    assert_eq!(kernel_side, host_side, "the copy's attributes differ from what the kernel shows");
+    for expected in ["user.note=\"kept\"", "trusted.on_link", "security.capability", "system.posix_acl_default"] {
+        assert!(host_side.iter().any(|l| l.contains(expected)), "{expected} is missing: {host_side:#?}");
+    }
 }
