@@ -183,6 +183,10 @@ pub struct Filesystem {
     /// pdirops changes of one name meet on (exclusive), and what a lookup waits
     /// on (shared) so that it sees a change of its name whole (ns/pdirops.rs).
     pub(crate) name_locks: crate::locks::RwLockTable,
+    /// Subdirectory-link locks (level 2c), by directory inode: on images without
+    /// dir_nlink, what a new subdirectory's check of its parent's link limit and
+    /// the count's change happen under together (ns/change.rs).
+    pub(crate) subdir_link_locks: crate::locks::LockTable,
     /// Inode locks (level 3), by inode number: exclusive to change an inode,
     /// shared by changes of a directory's names (which only touch its times and
     /// link count, under `attr_locks`).
@@ -442,6 +446,7 @@ impl Filesystem {
             name_locks: crate::locks::RwLockTable::default(),
             inode_locks: crate::locks::RwLockTable::default(),
             attr_locks: crate::locks::LockTable::default(),
+            subdir_link_locks: crate::locks::LockTable::default(),
             dir_structure: crate::locks::RwLockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Default::default()).collect(),
             inode_cache_shard_capacity: shard_capacity,

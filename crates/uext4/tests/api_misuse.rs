@@ -120,6 +120,69 @@ fn subdirectories_past_the_link_limit() {
     }
 }
 
+/// Without dir_nlink, two subdirectories racing for the last link of an
+/// indexed parent (pdirops lets both in at once): one gets it, the other
+/// EMLINK, every round. The check and the count's change were made under a
+/// shared hold, so both could pass the check and the second increment parked
+/// the count at 1, which only dir_nlink allows (e2fsck: wrong link count).
+/// Mkdir against mkdir and a directory moved in against a mkdir.
+#[test]
+fn two_subdirectories_racing_for_the_last_link() {
+    if !oracle::require_e2fsprogs() {
+        return;
+    }
+    const LIMIT: u32 = 65_000;
+    const ROUNDS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("race.img");
+    mkfs_ext4(&image, &["-b", "1024", "-N", "70000", "-O", "^dir_nlink"], "160M");
+    {
+        let fs = Filesystem::open(&image, writable()).unwrap();
+        let parent = fs.mkdir(ROOT_INO, b"p", 0o755, ROOT).unwrap().ino;
+        // One link short of the limit.
+        for i in 0..LIMIT - 3 {
+            fs.mkdir(parent, format!("d{i}").as_bytes(), 0o755, ROOT).unwrap();
+        }
+        let elsewhere = fs.mkdir(ROOT_INO, b"elsewhere", 0o755, ROOT).unwrap().ino;
+        for round in 0..ROUNDS {
+            assert_eq!(fs.stat(parent).unwrap().nlink, LIMIT - 1, "round {round}");
+            let by_rename = round % 2 == 1;
+            if by_rename {
+                fs.mkdir(elsewhere, b"mover", 0o755, ROOT).unwrap();
+            }
+            let start = std::sync::Barrier::new(2);
+            let (a, b) = std::thread::scope(|s| {
+                let a = s.spawn(|| {
+                    start.wait();
+                    fs.mkdir(parent, b"racer-a", 0o755, ROOT).map(drop)
+                });
+                let b = s.spawn(|| {
+                    start.wait();
+                    match by_rename {
+                        true => fs.rename(elsewhere, b"mover", parent, b"racer-b", 0),
+                        false => fs.mkdir(parent, b"racer-b", 0o755, ROOT).map(drop),
+                    }
+                });
+                (a.join().unwrap(), b.join().unwrap())
+            });
+            let won = [&a, &b].iter().filter(|r| r.is_ok()).count();
+            let refused = [&a, &b].iter().filter(|r| matches!(r, Err(Error::TooManyLinks(_)))).count();
+            assert_eq!((won, refused), (1, 1), "round {round}: {a:?} and {b:?}");
+            assert_eq!(fs.stat(parent).unwrap().nlink, LIMIT, "round {round}");
+            // Back to one short: the winner goes (home, if it was moved in).
+            match (a.is_ok(), by_rename) {
+                (true, _) => fs.rmdir(parent, b"racer-a").unwrap(),
+                (false, true) => fs.rename(parent, b"racer-b", elsewhere, b"mover", 0).unwrap(),
+                (false, false) => fs.rmdir(parent, b"racer-b").unwrap(),
+            }
+            if by_rename {
+                fs.rmdir(elsewhere, b"mover").unwrap();
+            }
+        }
+    }
+    oracle::assert_e2fsck_clean(&image);
+}
+
 #[test]
 fn a_rename_into_a_removed_directory_is_enoent() {
     if !oracle::require_e2fsprogs() {

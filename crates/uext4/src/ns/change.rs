@@ -163,6 +163,7 @@ impl Filesystem {
         let _caller = crate::alloc::acting_as_unless_set(owner);
         let is_dir = mode & S_IFMT == S_IFDIR;
         let names = self.lock_names(&[(parent, name)])?;
+        let _subdir_links = is_dir.then(|| self.lock_subdir_links(parent)).flatten();
         self.require_dir(parent)?;
         if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
@@ -297,6 +298,16 @@ impl Filesystem {
             }
             Ok(())
         })
+    }
+
+    /// The lock that keeps `dir`'s link limit whole while a subdirectory comes
+    /// in (level 2c): without dir_nlink, a change holding `dir` only shared
+    /// (pdirops) would check the limit beside another that then takes the last
+    /// link, and both would get in. With dir_nlink the limit applies only to an
+    /// unindexed directory, whose changes hold it exclusive already.
+    pub(crate) fn lock_subdir_links(&self, dir: u32) -> Option<crate::locks::Held<'_>> {
+        let dir_nlink = self.vol.sb.read().has_ro_compat(crate::format::superblock::RO_COMPAT_DIR_NLINK);
+        (!dir_nlink).then(|| self.subdir_link_locks.lock(dir as u64))
     }
 
     /// EMLINK when `dir` cannot take another subdirectory: at 65,000 links,

@@ -106,6 +106,8 @@ impl Filesystem {
         if cross && exchange && dst_is_dir && self.is_within(src_dir, dst.unwrap())? {
             return Err(Error::Invalid(format!("cannot move directory {} into itself", shown(dst_name))));
         }
+        // Held to the end: the limit checked here stays true until the move.
+        let _subdir_links = (cross && src_is_dir && dst.is_none()).then(|| self.lock_subdir_links(dst_dir)).flatten();
         if cross && src_is_dir && dst.is_none() {
             self.refuse_at_dir_link_max(dst_dir)?;
         }
