@@ -147,9 +147,6 @@ pub struct Filesystem {
     /// Parsed inodes (inodes.rs), sharded by inode number.
     pub(crate) inode_cache: Vec<InodeCacheShard>,
     pub(crate) inode_cache_shard_capacity: usize,
-    /// Where recent inode-table reads ended (inodes.rs): a miss there is a
-    /// walk in table order, which reads ahead.
-    pub(crate) table_walks: crate::inodes::TableWalks,
     /// Set when a journal was replayed in memory at open.
     pub(crate) replayed_journal_blocks: usize,
     /// Inodes whose extent tree split a node since the last sync: sync packs their
@@ -450,7 +447,6 @@ impl Filesystem {
             dir_structure: crate::locks::RwLockTable::default(),
             inode_cache: (0..INODE_CACHE_SHARDS).map(|_| Default::default()).collect(),
             inode_cache_shard_capacity: shard_capacity,
-            table_walks: crate::inodes::TableWalks::new(),
             replayed_journal_blocks,
         };
         if let Err(e) = fs.check_root().and_then(|()| fs.prepare_writes(&opts)) {

@@ -14,7 +14,6 @@ use crate::format::group_desc::{GdCsum, EXT4_BG_INODE_UNINIT};
 use crate::format::inode::Inode;
 use crate::fs::{Filesystem, INODE_CACHE_SHARDS};
 use crate::journal::handle::Handle;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 impl Filesystem {
@@ -47,44 +46,6 @@ impl Filesystem {
         inode
     }
 
-    /// Inode-table blocks read ahead together, aligned on their multiple.
-    const INODE_READ_AHEAD_BLOCKS: u64 = 32;
-
-    /// On a miss for `ino`'s inode-table block, reads the aligned run of
-    /// `INODE_READ_AHEAD_BLOCKS` around it (within its group's table) in one
-    /// request, for a caller that will use the run whole (remove_tree's
-    /// windows); the read starts a walk in `table_walks`. A miss that continues
-    /// a walk reads ahead the same way (`read_inode_from_table`).
-    /// Only a hint: errors are left for the read that needs the block.
-    pub(crate) fn read_ahead_inode(&self, ino: u32) {
-        if let Some(end) = self.read_ahead_inode_run(ino) {
-            self.table_walks.read_ended(None, end);
-        }
-    }
-
-    /// `read_ahead_inode`'s work; returns the block just past the run read.
-    fn read_ahead_inode_run(&self, ino: u32) -> Option<u64> {
-        if ino == 0 || ino > self.vol.geo.inodes_count {
-            return None;
-        }
-        let group = (ino - 1) / self.vol.geo.inodes_per_group;
-        let index = (ino - 1) % self.vol.geo.inodes_per_group;
-        let gd = self.vol.groups[group as usize].read().clone();
-        if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 && self.vol.geo.gd_csum != GdCsum::None {
-            return None;
-        }
-        let bs = self.vol.geo.block_size as u64;
-        let table_blocks = (self.vol.geo.inodes_per_group as u64 * self.vol.geo.inode_size as u64).div_ceil(bs);
-        let rel = index as u64 * self.vol.geo.inode_size as u64 / bs;
-        if self.vol.cache.holds(gd.bg_inode_table + rel) {
-            return None;
-        }
-        let first = rel / Self::INODE_READ_AHEAD_BLOCKS * Self::INODE_READ_AHEAD_BLOCKS;
-        let count = Self::INODE_READ_AHEAD_BLOCKS.min(table_blocks - first);
-        self.vol.cache.read_ahead(gd.bg_inode_table + first, count as usize).ok()?;
-        Some(gd.bg_inode_table + first + count)
-    }
-
     /// Parses an inode from its table block and caches it while still holding the
     /// block's read lock, so a concurrent write_inode (which needs the write lock)
     /// cannot have its newer copy replaced by this older one.
@@ -101,19 +62,7 @@ impl Filesystem {
         let byte = index as u64 * self.vol.geo.inode_size as u64;
         let block = gd.bg_inode_table + byte / self.vol.geo.block_size as u64;
         let off = (byte % self.vol.geo.block_size as u64) as usize;
-        if !self.vol.cache.holds(block) {
-            // A miss where an earlier read ended is a walk in table order
-            // (unlinking names sorted by inode, as GNU rm does for big
-            // directories; a hash-order walk of a hash_goal directory, one walk
-            // per window): read the rest of the run in one request, as the
-            // kernel's inode_readahead_blks does. Random misses read one block.
-            if self.table_walks.continues(block) {
-                if let Some(end) = self.read_ahead_inode_run(ino) {
-                    self.table_walks.read_ended(Some(block), end);
-                }
-            }
-        }
-        let buf = self.vol.cache.get(block).map_err(|e| {
+        let buf = self.vol.inode_table_block(&gd, index).map_err(|e| {
             self.vol.read_error(
                 e,
                 "read_inode_from_table",
@@ -205,7 +154,8 @@ impl Filesystem {
         tx.note_inode(ino);
         let group = (ino - 1) / self.vol.geo.inodes_per_group;
         let index = (ino - 1) % self.vol.geo.inodes_per_group;
-        let table = self.vol.groups[group as usize].read().bg_inode_table;
+        let gd = self.vol.groups[group as usize].read().clone();
+        let table = gd.bg_inode_table;
         let byte = index as u64 * self.vol.geo.inode_size as u64;
         let block = table + byte / self.vol.geo.block_size as u64;
         let off = (byte % self.vol.geo.block_size as u64) as usize;
@@ -213,113 +163,11 @@ impl Filesystem {
         let raw = inode.to_bytes(ino, seed);
         let buf = match self.inode_block_unread(group, index, block)? {
             Some(fresh) => fresh,
-            None => self.vol.cache.get(block)?,
+            None => self.vol.inode_table_block(&gd, index)?,
         };
         buf.write()[off..off + raw.len()].copy_from_slice(&raw);
         tx.dirty(&buf);
         self.cache_inode(ino, Inode::parse(&raw)?);
         Ok(())
-    }
-}
-
-/// How many walks in inode-table order `TableWalks` follows at once.
-const TABLE_WALKS: usize = 8;
-
-/// A walk's mark in `TableWalks::ends`: seen twice in a row, so reads ahead.
-const CONFIRMED: u64 = 1 << 63;
-
-/// Where the last few inode-table reads ended, so that a miss at one of those
-/// blocks is seen as a walk in table order going on. Several at once: a
-/// `hash_goal` directory that outgrew its first span is walked in hash order
-/// as one ascending run of inode numbers per span, interleaved; other threads
-/// walk tables of their own. Slots are reused in turn, so a walk that stopped
-/// is forgotten after eight misses elsewhere. A walk reads ahead from its
-/// third miss in a row on: with eight ends kept, a single match would send
-/// about one random miss in 60 of a 500-block table into a 32-block read.
-/// Only a hint: racing updates may lose a walk, which then costs one-block
-/// reads until it is seen again.
-pub(crate) struct TableWalks {
-    /// The block just past a walk's last read, with `CONFIRMED` once it has
-    /// gone on for two misses; u64::MAX for none.
-    ends: [AtomicU64; TABLE_WALKS],
-    next: AtomicUsize,
-}
-
-impl TableWalks {
-    pub(crate) fn new() -> TableWalks {
-        TableWalks { ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)), next: AtomicUsize::new(0) }
-    }
-
-    /// Records a miss at `block`; true when it goes on with a confirmed walk,
-    /// whose read ahead the caller then makes (and reports, `read_ended`).
-    fn continues(&self, block: u64) -> bool {
-        let after = block.saturating_add(1) & !CONFIRMED;
-        let swap = |e: &AtomicU64, from: u64, to: u64| {
-            e.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-        };
-        if self.ends.iter().any(|e| swap(e, block | CONFIRMED, after | CONFIRMED)) {
-            return true;
-        }
-        if !self.ends.iter().any(|e| swap(e, block, after | CONFIRMED)) {
-            self.replace_oldest(after);
-        }
-        false
-    }
-
-    /// A read ended at `end`; `miss` is the block whose miss asked for it (its
-    /// walk moves on to `end`), None for a read ahead asked for directly (a
-    /// walk of its own, confirmed: its caller walks on).
-    fn read_ended(&self, miss: Option<u64>, end: u64) {
-        let moved = miss.is_some_and(|block| {
-            let after = block.saturating_add(1) | CONFIRMED;
-            self.ends
-                .iter()
-                .any(|e| e.compare_exchange(after, end | CONFIRMED, Ordering::Relaxed, Ordering::Relaxed).is_ok())
-        });
-        if !moved {
-            self.replace_oldest(end | CONFIRMED);
-        }
-    }
-
-    fn replace_oldest(&self, end: u64) {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % TABLE_WALKS;
-        self.ends[i].store(end, Ordering::Relaxed);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn interleaved_walks_are_each_followed_and_random_misses_are_not_walks() {
-        let walks = TableWalks::new();
-        // Two walks, a and b: two misses in a row each confirm them, the third
-        // reads ahead to the end of its 32-block run.
-        let (mut a, mut b) = (1000u64, 5000u64);
-        for step in 0..2 {
-            assert!(!walks.continues(a + step) && !walks.continues(b + step), "misses {step}: no walk yet");
-        }
-        (a, b) = (a + 2, b + 2);
-        for _ in 0..10 {
-            assert!(walks.continues(a), "walk a at {a}");
-            walks.read_ended(Some(a), a / 32 * 32 + 32);
-            assert!(walks.continues(b), "walk b at {b}");
-            walks.read_ended(Some(b), b / 32 * 32 + 32);
-            (a, b) = (a / 32 * 32 + 32, b / 32 * 32 + 32);
-        }
-        // Misses elsewhere, even one next to another, are no walk and, up to
-        // TABLE_WALKS - 3 more of them, do not push the two walks out. (Slots
-        // are reused in turn: a walk that stops is forgotten after eight
-        // misses, so stale walks do not turn later random misses into reads
-        // ahead.)
-        assert!(!walks.continues(90_000) && !walks.continues(90_001));
-        for k in 0..(TABLE_WALKS as u64 - 3) {
-            assert!(!walks.continues(100_000 + 7 * k));
-        }
-        assert!(walks.continues(a) && walks.continues(b));
-        // A read ahead asked for directly starts a walk of its own.
-        walks.read_ended(None, 7_000);
-        assert!(walks.continues(7_000));
     }
 }

@@ -283,7 +283,7 @@ impl Allocator {
     fn check_inode_slot_free(&self, g: u32, gd: &GroupDesc, index: u32) -> Result<()> {
         let (bs, isz) = (self.vol.geo.block_size as u64, self.vol.geo.inode_size as u64);
         let byte = index as u64 * isz;
-        let buf = self.vol.cache.get(gd.bg_inode_table + byte / bs)?;
+        let buf = self.vol.inode_table_block(gd, index)?;
         let links = crate::format::bytes::le16(&buf.read(), (byte % bs) as usize + 0x1A);
         if links != 0 {
             let ino = g * self.vol.geo.inodes_per_group + index + 1;

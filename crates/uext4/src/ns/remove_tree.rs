@@ -273,7 +273,7 @@ impl Filesystem {
                 // The window's table blocks in runs, in table order, before any lock.
                 let mut inos: Vec<u32> = window.iter().map(|(e, _)| e.ino).collect();
                 inos.sort_unstable();
-                inos.into_iter().for_each(|ino| self.read_ahead_inode(ino));
+                inos.into_iter().for_each(|ino| self.vol.read_ahead_inode(ino));
                 for batch in window.chunks(BATCH_NAMES) {
                     subdirs.extend(self.remove_names_batch(dir, batch, &mut stats, kept_links)?);
                     report(&stats)?;

@@ -15,6 +15,7 @@
 //! set at most once, by a writable open, before the first handle begins.
 
 mod error_state;
+mod inode_table;
 
 pub(crate) use error_state::ErrorState;
 pub use error_state::{is_errors_panic, Errors};
@@ -146,6 +147,8 @@ pub struct Volume {
     /// journal's sequence) as it was, so a command refused part-way changes
     /// nothing.
     pub(crate) changed: AtomicBool,
+    /// Walks in inode-table order under way, for reading ahead (inode_table.rs).
+    table_walks: inode_table::TableWalks,
 }
 
 impl Volume {
@@ -199,6 +202,7 @@ impl Volume {
             read_only_reason: reason,
             damage_at_open: bad_checksum,
             changed: AtomicBool::new(false),
+            table_walks: inode_table::TableWalks::new(),
         };
         let mut zone: Vec<(u64, u64)> = vol.metadata_ranges().into_iter().map(|(start, end, _)| (start, end)).collect();
         zone.sort_unstable();
