@@ -43,7 +43,8 @@ data instead of two (default on; io_uring replies are copied)\n  \
 commit=SECS            journal commit interval (default 5)\n  \
 cache_mb=N             buffer cache bound (default 256)\n  \
 errors=continue|remount-ro|panic   what an I/O error or inconsistency does, as the kernel's\n                         \
-(default: the superblock's, else remount-ro); a journal abort is always read-only\n  \
+(default: the superblock's, else remount-ro); a journal abort is always read-only;\n                         \
+panic ends the session at the first error (the mount goes away)\n  \
 extent_zeroout_len=N   zero out unwritten extents of up to N blocks instead of splitting\n                         \
 them (default 256; extent_max_zeroout_kb=KIB is the same in KiB); runtime: see `uext4 tune`\n  \
 dir_ireserve=off|low|normal|high|N   keep windows of 16, 64, 128 or N inode slots for each\n                         \
@@ -387,8 +388,28 @@ fn serve(
         set
     };
     // A panic is contained where it happens (see the server); this only makes
-    // sure its message and place reach the log once detached.
-    std::panic::set_hook(Box::new(|info| report(&format!("panic: {info}"))));
+    // sure its message and place reach the log once detached. An errors=panic
+    // stop is not a bug but the image's choice: as the kernel's panic stops the
+    // machine, the daemon ends the session at once, from whichever thread met the
+    // error (a request, the journal's commit): every waiting and later request
+    // fails, and the library, read-only since the error, writes nothing more.
+    let stop_target = mountpoint.to_path_buf();
+    let stopped = std::sync::Once::new();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = crate::panic_text(info.payload());
+        if !uext4::is_errors_panic(&message) {
+            report(&format!("panic: {info}"));
+            return;
+        }
+        stopped.call_once(|| {
+            report(&format!(
+                "{}; ending the session on {} (errors=panic)",
+                message.trim_start_matches("uext4: "),
+                stop_target.display()
+            ));
+            abort_connection(&stop_target);
+        });
+    }));
     let listeners = Listeners::start(image);
     let offset = config.opts.region.locate(&dev).map_or(0, |(start, _)| start);
     let ended = serve_session(image, dev, mountpoint, config, status, signals);
@@ -409,6 +430,11 @@ fn serve_session(
         // Test hook: the device's flushes wait while this file exists.
         Some(gate) => Arc::new(uext4::dev::GatedFlushDevice::new(Arc::new(dev), Some(gate.into()))),
         None => Arc::new(dev),
+    };
+    let dev = match std::env::var("UEXT4_TEST_UNREADABLE").ok().and_then(|v| byte_range(&v)) {
+        // Test hook: reads of these bytes fail with EIO, as on a bad sector.
+        Some(bytes) => Arc::new(uext4::dev::BadSpotDevice::new(dev, uext4::dev::BadSpot::Reads(bytes), true)),
+        None => dev,
     };
     let fs = Arc::new(Filesystem::open_device(dev, config.opts)?);
     if !read_only && fs.is_read_only() {
@@ -475,6 +501,15 @@ fn serve_session(
             report(&format!("cannot watch for signals: {e}"));
         }
     });
+    if uext4::is_errors_panic("") {
+        // The hook above ended the session; whatever the workers then met is its echo.
+        drop(server);
+        drop(fs);
+        return Err(Error::Io(std::io::Error::other(format!(
+            "the mount of {} stopped by errors=panic (the error is recorded in the superblock); run e2fsck -f",
+            image.display()
+        ))));
+    }
     if let Err(e) = served {
         // Unmount what we mounted, so no dead mount is left behind.
         let _ = unmount(mountpoint, true);
@@ -493,6 +528,13 @@ fn serve_session(
         )));
     }
     Ok(())
+}
+
+/// `START:LEN` in bytes, as the test hooks take a range.
+fn byte_range(text: &str) -> Option<std::ops::Range<u64>> {
+    let (start, len) = text.split_once(':')?;
+    let start: u64 = start.parse().ok()?;
+    Some(start..start.checked_add(len.parse().ok()?)?)
 }
 
 /// Mounts a new FUSE session at `mountpoint` and returns its /dev/fuse

@@ -190,7 +190,7 @@ fn main() -> ExitCode {
 }
 
 /// A panic's message, when it carries one.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     match (payload.downcast_ref::<String>(), payload.downcast_ref::<&str>()) {
         (Some(s), _) => s.clone(),
         (None, Some(s)) => s.to_string(),

@@ -292,6 +292,78 @@ fn panicking_request(uring: bool) {
 }
 
 #[test]
+fn errors_panic_ends_the_session() {
+    errors_panic(false);
+}
+
+#[test]
+fn errors_panic_ends_the_session_over_io_uring() {
+    errors_panic(true);
+}
+
+/// errors=panic through a mount: where the kernel's ext4 panics the machine,
+/// the daemon ends the session at the first error. An inode-table block that
+/// cannot be read (the test hook's bad sector) is met by a lookup: its caller
+/// gets an error, the mount goes away, the daemon exits in failure saying why,
+/// the superblock records the error, and a change made before the stop but not
+/// yet committed never reaches the image (nothing is written after the stop,
+/// as nothing is after a panic). Before, the session went on, read-only.
+fn errors_panic(uring: bool) {
+    if !fuse_oracles() {
+        return;
+    }
+    let Some(transport) = transport(uring) else { return };
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let m = UextMount::new(&image, transport);
+    fs::create_dir(m.dir.join("far")).unwrap();
+    for i in 0..32 {
+        fs::write(m.dir.join("far").join(format!("f{i}")), "kept").unwrap();
+    }
+    m.unmount();
+    let ino = |path: &str| debugfs(&image, &format!("stat {path}")).split_whitespace().nth(1).unwrap().to_string();
+    let table_block = |ino: &str| {
+        let at = debugfs(&image, &format!("imap <{ino}>"));
+        at.split("located at block ").nth(1).unwrap().split(',').next().unwrap().trim().parse::<u64>().unwrap()
+    };
+    // The bad sector holds one of far's files and no inode the mount reads or
+    // allocates before the lookup: not the root's, not far's, not the next free
+    // ones (of the root's group, or after far's files).
+    let last: u64 = ino("/far/f31").parse().unwrap();
+    let avoid: Vec<u64> = ["2", "12", "13", &ino("/far"), &(last + 1).to_string(), &(last + 2).to_string()]
+        .iter()
+        .map(|i| table_block(i))
+        .collect();
+    let (victim_name, victim) = (0..32)
+        .map(|i| format!("f{i}"))
+        .map(|name| (name.clone(), table_block(&ino(&format!("/far/{name}")))))
+        .find(|(_, block)| !avoid.contains(block))
+        .expect("one of far's files has a table block of its own");
+
+    let dir = work.path().join("mnt");
+    fs::create_dir(&dir).unwrap();
+    let bad = format!("{}:4096", victim * 4096);
+    let options = format!("{transport},errors=panic,commit=600");
+    let mut d = Daemon::start(&image, &dir, &options, &[("UEXT4_TEST_UNREADABLE", &bad)]);
+    fs::write(dir.join("uncommitted"), "lost with the stop").unwrap();
+    let met = fs::metadata(dir.join("far").join(&victim_name));
+    assert!(met.is_err(), "the lookup through the bad sector succeeded");
+
+    wait_until("the mount ends after the errors=panic stop", 20, || !mounted(&dir));
+    wait_until("the daemon exits", 20, || d.child.try_wait().unwrap().is_some());
+    let status = d.child.wait().unwrap();
+    let logged = d.stderr();
+    assert!(!status.success(), "the daemon ends in failure: {logged}");
+    assert!(logged.contains("ending the session") && logged.contains("stopped by errors=panic"), "{logged}");
+    assert!(!logged.contains("panicked"), "an errors=panic stop is not reported as a bug: {logged}");
+    let state = debugfs(&image, "stats");
+    assert!(state.contains("with errors") && state.contains("read_inode_from_table"), "{state}");
+    assert!(!names_in_root(&image).iter().any(|n| n == "uncommitted"), "a change was written after the stop");
+    assert_e2fsck_clean(&image);
+}
+
+#[test]
 fn uext4_sync_makes_everything_durable_before_a_crash() {
     sync_then_crash(false, false);
 }

@@ -16,10 +16,10 @@ mod oracle;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use uext4::dev::{BlockDevice, GatedFlushDevice, IoStats, MemDevice};
+use uext4::dev::{BadSpot, BadSpotDevice, GatedFlushDevice, MemDevice};
 use uext4::{Filesystem, Options, Owner, ROOT_INO};
 
 const ROOT: Owner = Owner { uid: 0, gid: 0 };
@@ -111,33 +111,6 @@ fn creates_elsewhere_never_wait_for_an_fsyncs_flush() {
     oracle::assert_e2fsck_clean(&image);
 }
 
-/// Fails every write while `fail` is set.
-struct Switch {
-    inner: Arc<MemDevice>,
-    fail: AtomicBool,
-}
-
-impl BlockDevice for Switch {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> uext4::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> uext4::Result<()> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(uext4::Error::Io(std::io::Error::from_raw_os_error(5)));
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> uext4::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-}
-
 #[test]
 fn a_failed_commit_enters_the_error_state_and_loses_nothing_committed() {
     if !oracle::require_e2fsprogs() {
@@ -147,7 +120,7 @@ fn a_failed_commit_enters_the_error_state_and_loses_nothing_committed() {
     let image = work.path().join("err.img");
     let base = mkfs(&image, 64, &[]);
     let mem = Arc::new(MemDevice::new(base));
-    let dev = Arc::new(Switch { inner: mem.clone(), fail: AtomicBool::new(false) });
+    let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::Writes(0..u64::MAX), false));
     let fs = Filesystem::open_device(dev.clone(), writable()).unwrap();
     let kept = fs.mkdir(ROOT_INO, b"kept", 0o755, ROOT).unwrap().ino;
     let mut files = Vec::new();
@@ -159,7 +132,7 @@ fn a_failed_commit_enters_the_error_state_and_loses_nothing_committed() {
     }
     // The next commit's writes fail.
     let doomed = fs.create(ROOT_INO, b"doomed", 0o644, ROOT).unwrap().ino;
-    dev.fail.store(true, Ordering::SeqCst);
+    dev.arm(true);
     let err = fs.fsync(doomed).unwrap_err();
     assert_eq!(err.errno(), 5, "fsync after a failed commit: {err}");
     assert!(fs.has_failed() && fs.is_read_only(), "the filesystem is in its error state");
@@ -167,7 +140,7 @@ fn a_failed_commit_enters_the_error_state_and_loses_nothing_committed() {
     assert_eq!(refused.errno(), 30, "writes after the error: {refused}");
     assert_eq!(fs.fsync(files[0]).unwrap_err().errno(), 5, "fsync in the error state");
     assert_eq!(fs.sync().unwrap_err().errno(), 5, "sync in the error state");
-    dev.fail.store(false, Ordering::SeqCst);
+    dev.arm(false);
     drop(fs);
 
     // Every write failed, the error record's too: the next open finds the state
@@ -191,10 +164,10 @@ fn a_failed_commit_enters_the_error_state_and_loses_nothing_committed() {
         out.lines().filter_map(|l| l.trim().parse::<u64>().ok()).next().unwrap()
     };
     drop(fs);
-    let dev = Arc::new(LogFails { inner: mem.clone(), from: journal_first * 4096, fail: AtomicBool::new(false) });
+    let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::Writes(journal_first * 4096..u64::MAX), false));
     let fs = Filesystem::open_device(dev.clone(), writable()).unwrap();
     let more = fs.create(kept, b"more", 0o644, ROOT).unwrap().ino;
-    dev.fail.store(true, Ordering::SeqCst);
+    dev.arm(true);
     assert_eq!(fs.fsync(more).unwrap_err().errno(), 5);
     assert!(fs.has_failed());
     drop(fs);
@@ -249,7 +222,7 @@ fn an_abort_before_the_first_commit_leaves_an_image_e2fsck_n_can_check() {
         out.lines().filter_map(|l| l.trim().parse::<u64>().ok()).next().unwrap()
     };
     let mem = Arc::new(MemDevice::new(base));
-    let dev = Arc::new(LogFails { inner: mem.clone(), from: (journal_first + 1) * 4096, fail: AtomicBool::new(true) });
+    let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::Writes((journal_first + 1) * 4096..u64::MAX), true));
     let fs = Filesystem::open_device(dev.clone(), writable()).unwrap();
     let f = fs.create(ROOT_INO, b"f", 0o644, ROOT).unwrap().ino;
     assert_eq!(fs.fsync(f).unwrap_err().errno(), 5);
@@ -274,35 +247,6 @@ fn an_abort_before_the_first_commit_leaves_an_image_e2fsck_n_can_check() {
     }
 }
 
-/// Fails reads of the bytes [from, to) while `fail` is set.
-struct ReadsFail {
-    inner: Arc<MemDevice>,
-    range: std::ops::Range<u64>,
-    fail: AtomicBool,
-}
-
-impl BlockDevice for ReadsFail {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> uext4::Result<()> {
-        let end = offset + buf.len() as u64;
-        if self.fail.load(Ordering::SeqCst) && offset < self.range.end && self.range.start < end {
-            return Err(uext4::Error::Io(std::io::Error::from_raw_os_error(5)));
-        }
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> uext4::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> uext4::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-}
-
 /// An inode-table block that cannot be read is an error the kernel records
 /// ("unable to read itable block") and acts on by errors=: EIO to the stat,
 /// the error and the inode in the superblock, and (remount-ro, the default)
@@ -321,61 +265,29 @@ fn an_unreadable_inode_table_block_is_recorded_and_errors_decides() {
         at.split(',').next().unwrap().trim().parse::<u64>().unwrap()
     };
     let mem = Arc::new(MemDevice::new(base));
-    let dev = Arc::new(ReadsFail {
-        inner: mem.clone(),
-        range: table * 4096..(table + 1) * 4096,
-        fail: AtomicBool::new(false),
-    });
+    let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::Reads(table * 4096..(table + 1) * 4096), false));
     // mkfs.ext4's images say errors=continue: that goes on after recording.
     let fs = Filesystem::open_device(dev.clone(), writable()).unwrap();
     fs.drop_caches();
-    dev.fail.store(true, Ordering::SeqCst);
+    dev.arm(true);
     assert_eq!(fs.stat(100).unwrap_err().errno(), 5);
     assert!(fs.has_failed() && !fs.is_read_only(), "errors=continue records and goes on");
     fs.mkdir(ROOT_INO, b"meanwhile", 0o755, ROOT).unwrap();
-    dev.fail.store(false, Ordering::SeqCst);
+    dev.arm(false);
     drop(fs);
     let errors = Some(uext4::Errors::RemountRo);
     let fs = Filesystem::open_device(dev.clone(), Options { errors, ..writable() }).unwrap();
     fs.drop_caches();
-    dev.fail.store(true, Ordering::SeqCst);
+    dev.arm(true);
     assert_eq!(fs.stat(100).unwrap_err().errno(), 5);
     assert!(fs.has_failed() && fs.is_read_only(), "errors=remount-ro acts on the read error");
     assert_eq!(fs.mkdir(ROOT_INO, b"later", 0o755, ROOT).unwrap_err().errno(), 30);
-    dev.fail.store(false, Ordering::SeqCst);
+    dev.arm(false);
     drop(fs);
     std::fs::write(&image, mem.contents()).unwrap();
     assert_eq!(oracle::dumpe2fs_field(&image, "FS Error count").as_deref(), Some("2"));
     assert_eq!(oracle::dumpe2fs_field(&image, "First error inode #").as_deref(), Some("100"));
     oracle::assert_e2fsck_clean(&image);
-}
-
-/// Fails writes at or beyond byte `from` (the journal) while `fail` is set.
-struct LogFails {
-    inner: Arc<MemDevice>,
-    from: u64,
-    fail: AtomicBool,
-}
-
-impl BlockDevice for LogFails {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> uext4::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> uext4::Result<()> {
-        if self.fail.load(Ordering::SeqCst) && offset >= self.from {
-            return Err(uext4::Error::Io(std::io::Error::from_raw_os_error(5)));
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> uext4::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
 }
 
 /// A write-heavy workload with cache_mb = 4: the cache's resident bytes never
@@ -448,15 +360,15 @@ fn errors_continue_and_remount_ro_without_a_journal() {
     for (errors, read_only) in [(Errors::Continue, false), (Errors::RemountRo, true)] {
         let mem = Arc::new(MemDevice::new(base.clone()));
         let range = table * 4096..(table + 1) * 4096;
-        let dev = Arc::new(ReadsFail { inner: mem.clone(), range, fail: AtomicBool::new(false) });
+        let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::Reads(range), false));
         let fs = Filesystem::open_device(dev.clone(), Options { errors: Some(errors), ..writable() }).unwrap();
         let ino = fs.create(ROOT_INO, b"f", 0o644, ROOT).unwrap().ino;
         fs.write(ino, 0, &[1u8; 8192]).unwrap();
         fs.sync().unwrap();
         fs.drop_caches();
-        dev.fail.store(true, Ordering::SeqCst);
+        dev.arm(true);
         assert_eq!(fs.stat(100).unwrap_err().errno(), 5);
-        dev.fail.store(false, Ordering::SeqCst);
+        dev.arm(false);
         assert!(fs.has_failed(), "{errors:?}: the error state");
         assert_eq!(fs.is_read_only(), read_only, "{errors:?}");
         let later = fs.create(ROOT_INO, b"g", 0o644, ROOT);
@@ -493,36 +405,10 @@ fn errors_continue_and_remount_ro_without_a_journal() {
     }
 }
 
-/// Fails (EIO, nothing arrives) every write whose bytes begin with `MARKER`:
-/// file data a test chose to lose, never metadata or the journal.
-struct MarkedWritesFail {
-    inner: Arc<MemDevice>,
-}
-
+/// What a data write the device is to refuse begins with (see `doomed`).
 const MARKER: &[u8] = b"uext4 test: this write fails";
 
-impl BlockDevice for MarkedWritesFail {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> uext4::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> uext4::Result<()> {
-        if buf.starts_with(MARKER) {
-            return Err(uext4::Error::Io(std::io::Error::from_raw_os_error(5)));
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> uext4::Result<()> {
-        self.inner.flush()
-    }
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-}
-
-/// `blocks` blocks of data whose first block is lost by `MarkedWritesFail`.
+/// `blocks` blocks of data whose first block is refused by a `BadSpot::WritesStartingWith(MARKER)` device.
 fn doomed(blocks: usize) -> Vec<u8> {
     let mut data = vec![0x5a; blocks * 4096];
     data[..MARKER.len()].copy_from_slice(MARKER);
@@ -547,7 +433,7 @@ fn a_failed_data_write_is_an_eio_and_nothing_more() {
     for (shape, extra) in [("extents", &[][..]), ("block map", &["-O", "^extents,^flex_bg", "-t", "ext3"][..])] {
         let image = work.path().join("data-eio.img");
         let mem = Arc::new(MemDevice::new(mkfs(&image, 64, extra)));
-        let dev = Arc::new(MarkedWritesFail { inner: mem.clone() });
+        let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::WritesStartingWith(MARKER.to_vec()), true));
         let errors = Some(uext4::Errors::RemountRo);
         let fs = Filesystem::open_device(dev, Options { errors, ..writable() }).unwrap();
         let free = fs.free_blocks();
@@ -654,16 +540,16 @@ fn errors_panic_stops_and_writes_nothing_more() {
     };
     let mem = Arc::new(MemDevice::new(base));
     let range = table * 4096..(table + 1) * 4096;
-    let dev = Arc::new(ReadsFail { inner: mem.clone(), range, fail: AtomicBool::new(false) });
+    let dev = Arc::new(BadSpotDevice::new(mem.clone(), BadSpot::Reads(range), false));
     let errors = Some(uext4::Errors::Panic);
     let fs = Filesystem::open_device(dev.clone(), Options { errors, ..writable() }).unwrap();
     fs.sync().unwrap();
     // A change left in the cache (no journal): the stop must not write it.
     fs.mkdir(ROOT_INO, b"unwritten", 0o755, ROOT).unwrap();
     fs.drop_caches();
-    dev.fail.store(true, Ordering::SeqCst);
+    dev.arm(true);
     let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.stat(100)));
-    dev.fail.store(false, Ordering::SeqCst);
+    dev.arm(false);
     let payload = stopped.expect_err("errors=panic panics");
     let message = payload.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(uext4::is_errors_panic(&message), "the panic says it is errors=panic: {message:?}");

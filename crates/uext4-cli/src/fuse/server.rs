@@ -22,6 +22,8 @@
 //! panic is logged with the opcode and node, and from then on every request
 //! that would change the image gets EROFS — the library's state may be half
 //! changed, so nothing more is built on it; reads and the unmount still work.
+//! An errors=panic stop is the exception: its caller gets EIO and the mount's
+//! panic hook ends the whole session (`cmd_mount::serve`).
 //!
 //! Runtime tuning uses two virtual xattrs of the mount's root, which never reach
 //! the image: reading `trusted.uext4.tunables` lists every tunable, writing
@@ -321,6 +323,11 @@ impl Uext4Fuse {
             Ok(answer) => answer,
             Err(payload) => {
                 self.failed.store(true, Ordering::Relaxed);
+                if uext4::is_errors_panic(panic_message(payload.as_ref())) {
+                    // The image's errors=panic, not a bug: the mount's panic hook
+                    // reported it and is ending the session.
+                    return expects_reply.then_some(libc::EIO);
+                }
                 self.log(&format!(
                     "request {} (opcode {}) on node {} panicked: {}; it gets EIO, and the mount refuses \
                      changes from now on (EROFS); unmount and run e2fsck",

@@ -512,6 +512,94 @@ impl BlockDevice for FaultDevice {
     }
 }
 
+/// Where a `BadSpotDevice` refuses requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BadSpot {
+    /// Reads that touch any byte of the range fail (an unreadable sector).
+    Reads(std::ops::Range<u64>),
+    /// Writes that touch any byte of the range fail.
+    Writes(std::ops::Range<u64>),
+    /// Writes whose bytes begin with this marker fail: data a test chose to
+    /// lose, which no metadata or journal block begins with.
+    WritesStartingWith(Vec<u8>),
+}
+
+/// A device with a bad spot that can be armed and disarmed: requests that
+/// meet it fail with EIO and change nothing; all others pass through. For
+/// tests of what an I/O error in the middle of an operation does (the
+/// mount's `UEXT4_TEST_UNREADABLE` hook arms one from the start).
+pub struct BadSpotDevice {
+    inner: Arc<dyn BlockDevice>,
+    spot: BadSpot,
+    armed: std::sync::atomic::AtomicBool,
+    failed: AtomicU64,
+}
+
+impl BadSpotDevice {
+    /// A device whose `spot` fails while armed (`armed`: from the start).
+    pub fn new(inner: Arc<dyn BlockDevice>, spot: BadSpot, armed: bool) -> BadSpotDevice {
+        BadSpotDevice { inner, spot, armed: armed.into(), failed: AtomicU64::new(0) }
+    }
+
+    /// Requests meeting the spot fail from now on (`true`) or pass (`false`).
+    pub fn arm(&self, armed: bool) {
+        self.armed.store(armed, Ordering::SeqCst);
+    }
+
+    /// Requests refused so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    fn refuses(&self, reading: bool, offset: u64, bytes: &[u8]) -> bool {
+        if !self.armed.load(Ordering::SeqCst) {
+            return false;
+        }
+        let touches = |r: &std::ops::Range<u64>| offset < r.end && r.start < offset + bytes.len() as u64;
+        let refused = match &self.spot {
+            BadSpot::Reads(range) => reading && touches(range),
+            BadSpot::Writes(range) => !reading && touches(range),
+            BadSpot::WritesStartingWith(marker) => !reading && bytes.starts_with(marker),
+        };
+        if refused {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+        }
+        refused
+    }
+}
+
+impl BlockDevice for BadSpotDevice {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if self.refuses(true, offset, buf) {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        if self.refuses(false, offset, buf) {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        self.inner.write_at(offset, buf)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
+    }
+
+    fn in_use(&self) -> Option<String> {
+        self.inner.in_use()
+    }
+}
+
 /// A device whose flushes take `delay` (a disk with a slow cache flush), for
 /// latency tests; reads and writes pass straight through.
 pub struct SlowFlushDevice {
