@@ -415,6 +415,88 @@ fn renames_and_unlinked_files(uring: bool) {
     assert_e2fsck_clean(&image);
 }
 
+#[test]
+fn a_listing_opened_before_a_rename_does_not_give_the_old_name_back() {
+    listing_opened_before_a_rename(false);
+}
+
+#[test]
+fn a_listing_opened_before_a_rename_does_not_give_the_old_name_back_over_io_uring() {
+    listing_opened_before_a_rename(true);
+}
+
+/// A listing is taken whole at opendir, and the kernel makes a dentry of every
+/// entry readdirplus gives. A name renamed away between the opendir and the
+/// read was given back with its inode: for its TTL the file answered at its old
+/// name too, and a directory's one dentry moved to the old name (or the read
+/// failed with ESTALE while another rename ran: `mv` racing `rm -rf` saw
+/// "Stale file handle"). The kernel's ext4 never shows a renamed name at its
+/// old place, and never answers ESTALE there.
+fn listing_opened_before_a_rename(uring: bool) {
+    if !fuse_oracles() {
+        return;
+    }
+    let Some(options) = transport(uring) else { return };
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let m = UextMount::new(&image, options);
+    let (a, b) = (m.dir.join("a"), m.dir.join("b"));
+    fs::create_dir_all(a.join("x")).unwrap();
+    fs::create_dir(&b).unwrap();
+    fs::write(a.join("f"), "moved").unwrap();
+    fs::write(a.join("stays"), "kept").unwrap();
+
+    let listing = fs::read_dir(&a).unwrap(); // opendir: the listing is taken here
+    fs::rename(a.join("f"), b.join("f")).unwrap();
+    fs::rename(a.join("x"), b.join("x")).unwrap();
+    let names: Vec<String> = listing.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.contains(&"stays".to_string()), "{names:?}");
+    for gone in ["f", "x"] {
+        let err = fs::symlink_metadata(a.join(gone)).expect_err(&format!("a/{gone} answers after its rename"));
+        assert_eq!(err.kind(), ErrorKind::NotFound, "a/{gone}: {err}");
+    }
+    assert_eq!(fs::read_to_string(b.join("f")).unwrap(), "moved");
+    assert!(b.join("x").is_dir());
+    let listed_b: Vec<String> =
+        fs::read_dir(&b).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(listed_b.contains(&"x".to_string()) && listed_b.contains(&"f".to_string()), "{listed_b:?}");
+
+    // The race the tryout found: a directory moved in and out of a directory
+    // that another process lists and removes. ENOENT is the kernel's answer
+    // when the removal wins; ESTALE never.
+    fs::create_dir(b.join("m")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let remover = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = a.join("d");
+                let _ = fs::create_dir(&d);
+                let _ = fs::write(d.join("f"), "");
+                let _ = fs::remove_dir_all(&d);
+            }
+        })
+    };
+    let mut stale = 0;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        for (from, to) in [(b.join("m"), a.join("d/m")), (a.join("d/m"), b.join("m"))] {
+            if let Err(e) = fs::rename(from, to) {
+                stale += usize::from(e.raw_os_error() == Some(libc::ESTALE));
+            }
+        }
+        if !b.join("m").exists() {
+            let _ = fs::create_dir(b.join("m"));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    remover.join().unwrap();
+    assert_eq!(stale, 0, "renames answered ESTALE");
+    m.unmount();
+    assert_e2fsck_clean(&image);
+}
+
 /// atime, mtime and ctime (seconds and nanoseconds) of a path, if it exists.
 type Times = Option<[i64; 6]>;
 

@@ -10,7 +10,8 @@
 //! removed before it could be pinned is answered as gone. A directory's listing is taken whole at
 //! opendir; readdir offsets index that snapshot, so they stay valid however the
 //! directory changes meanwhile (POSIX leaves open whether entries added or
-//! removed since opendir appear; readdirplus leaves out the removed ones). Requests arrive on several threads at once;
+//! removed since opendir appear; readdirplus leaves out names removed or moved
+//! away since, since the kernel makes a dentry of each entry it gives). Requests arrive on several threads at once;
 //! the library's own locks order concurrent changes.
 //!
 //! Permissions are the kernel's to check (the mount has default_permissions).
@@ -1098,6 +1099,22 @@ impl Uext4Fuse {
                 }
                 continue;
             }
+            // The kernel makes a dentry of every attributed entry, so one whose
+            // name has left this directory since opendir (renamed away, or
+            // replaced) is left out: offered, it would give the name back for
+            // its TTL, and for a directory (one name only) would move the
+            // kernel's dentry of it here from where it now is, or fail the
+            // listing with ESTALE while a rename runs. The kernel holds this
+            // directory shared while it reads, so what the lookup finds stands.
+            let counted = e.name != b"." && e.name != b"..";
+            if counted {
+                match self.fs.lookup(ino, &e.name) {
+                    Ok(Some(now)) if now == e.ino => {}
+                    Ok(_) => continue,
+                    // Damage or an I/O error: the stat below says what it is.
+                    Err(_) => {}
+                }
+            }
             let st = match self.fs.stat(e.ino) {
                 Ok(st) => st,
                 // Removed since opendir: leave it out rather than fail the listing.
@@ -1117,7 +1134,6 @@ impl Uext4Fuse {
             // The kernel takes a lookup reference for every entry but . and ..,
             // so each is pinned before it is offered (and one removed in the
             // meantime is left out too).
-            let counted = e.name != b"." && e.name != b"..";
             if counted {
                 match self.pin(e.ino) {
                     Ok(()) => {}
