@@ -497,6 +497,81 @@ fn listing_opened_before_a_rename(uring: bool) {
     assert_e2fsck_clean(&image);
 }
 
+#[test]
+fn o_tmpfile_makes_a_nameless_file_that_linkat_can_name() {
+    o_tmpfile(false);
+}
+
+#[test]
+fn o_tmpfile_over_io_uring() {
+    o_tmpfile(true);
+}
+
+/// O_TMPFILE through the mount (FUSE_TMPFILE), as on the kernel's ext4: the
+/// file has no links and no name; linkat(AT_EMPTY_PATH) names it, unless it was
+/// opened with O_EXCL (ENOENT); one closed without a name gives its space back.
+/// It was EOPNOTSUPP.
+fn o_tmpfile(uring: bool) {
+    if !fuse_oracles() {
+        return;
+    }
+    let Some(options) = transport(uring) else { return };
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, "64M");
+    let m = UextMount::new(&image, options);
+    let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let tmpfile = |extra: i32| {
+        let fd = unsafe { libc::open(cstr(&m.dir).as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, 0o640) };
+        assert!(fd >= 0, "O_TMPFILE: {}", std::io::Error::last_os_error());
+        unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+    };
+    let link = |f: &File, to: &Path| {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+        match unsafe { libc::linkat(fd, c"".as_ptr(), libc::AT_FDCWD, cstr(to).as_ptr(), libc::AT_EMPTY_PATH) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    let f = tmpfile(0);
+    f.write_all_at(b"named later", 0).unwrap();
+    let st = f.metadata().unwrap();
+    assert_eq!((st.nlink(), st.mode() & 0o7777), (0, 0o640));
+    link(&f, &m.dir.join("named")).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    drop(f);
+    assert_eq!(fs::read_to_string(m.dir.join("named")).unwrap(), "named later");
+
+    let excl = tmpfile(libc::O_EXCL);
+    let err = link(&excl, &m.dir.join("nope")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
+    drop(excl);
+
+    let statvfs_free = || {
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statvfs(cstr(&m.dir).as_ptr(), &mut s) }, 0);
+        s.f_bfree as u64 * s.f_frsize as u64
+    };
+    let before = statvfs_free();
+    let gone = tmpfile(0);
+    gone.write_all_at(&vec![7u8; 4 << 20], 0).unwrap();
+    assert!(statvfs_free() < before, "the nameless file's blocks are in use while it is open");
+    drop(gone);
+    // The kernel forgets the inode after the close; the bound is a hang guard.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while statvfs_free() < before {
+        assert!(Instant::now() < deadline, "the nameless file's space was not given back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let names: Vec<String> =
+        fs::read_dir(&m.dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names.len(), 2, "{names:?}"); // lost+found, named
+    m.unmount();
+    assert_e2fsck_clean(&image);
+    let out = Command::new("debugfs").args(["-R", "cat /named"]).arg(&image).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "named later");
+}
+
 /// atime, mtime and ctime (seconds and nanoseconds) of a path, if it exists.
 type Times = Option<[i64; 6]>;
 

@@ -161,6 +161,9 @@ pub struct Filesystem {
     pub(crate) hash_goal: bool,
     /// Open handles per inode: an unlinked inode lives until its last close.
     pub(crate) open_files: crate::number_map::ShardedMap<u32>,
+    /// Files made without a name (`create_tmpfile`) that `link` may still give
+    /// one: the kernel's I_LINKABLE, cleared by the link or the last close.
+    pub(crate) linkable: Mutex<std::collections::HashSet<u32>>,
     /// The orphan chain and orphan file as recorded on disk (ns/orphan.rs).
     pub(crate) orphans: Mutex<crate::ns::orphan::Orphans>,
     /// The rename lock (lock order level 1): only cross-directory renames take it.
@@ -433,6 +436,7 @@ impl Filesystem {
             dir_ireserve: opts.dir_ireserve,
             hash_goal: opts.hash_goal,
             open_files: Default::default(),
+            linkable: Mutex::new(std::collections::HashSet::new()),
             orphans: Mutex::new(Default::default()),
             rename_lock: Mutex::new(()),
             pdirops: opts.pdirops,

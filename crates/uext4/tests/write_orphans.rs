@@ -188,6 +188,58 @@ fn last_link_dropped_then_directory_fsync_then_power_cut() {
     }
 }
 
+/// O_TMPFILE (`create_tmpfile`): a file made without a name is an orphan from
+/// its first commit (on the chain, or in the orphan file); a link gives it a
+/// name and takes it off; without one its last close frees it; one made not
+/// linkable (O_EXCL) refuses a name as an unlinked file does. A power cut
+/// while one is open and nameless leaves nothing behind after uext4's recovery
+/// or the kernel's; a named one keeps its data.
+#[test]
+fn tmpfiles_are_orphans_until_linked() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    for features in ["", "orphan_file"] {
+        let dir = tempfile::tempdir().unwrap();
+        let image = kernel_image(dir.path(), features);
+        let mem = std::sync::Arc::new(uext4::dev::MemDevice::new(std::fs::read(&image).unwrap()));
+        let fs = Filesystem::open_device(mem.clone(), Options { read_only: false, ..Options::default() }).unwrap();
+        let free = (fs.free_blocks(), fs.free_inodes());
+
+        let named = fs.create_tmpfile(ROOT_INO, 0o640, ROOT, true).unwrap();
+        assert_eq!((named.nlink, named.perm), (0, 0o640), "{features}");
+        fs.write(named.ino, 0, b"kept by its link").unwrap();
+        let sb = fs.superblock();
+        let in_file = sb.s_feature_ro_compat & uext4::format::superblock::RO_COMPAT_ORPHAN_PRESENT != 0;
+        assert!(sb.s_last_orphan == named.ino || in_file, "{features}: recorded as an orphan");
+        assert_eq!(fs.link(named.ino, ROOT_INO, b"named").unwrap().nlink, 1);
+        assert_eq!(fs.superblock().s_last_orphan, 0, "{features}: the link took it off the chain");
+        fs.close_inode(named.ino).unwrap();
+
+        let gone = fs.create_tmpfile(ROOT_INO, 0o600, ROOT, true).unwrap().ino;
+        fs.write(gone, 0, &vec![3u8; 1 << 20]).unwrap();
+        fs.close_inode(gone).unwrap();
+        let excl = fs.create_tmpfile(ROOT_INO, 0o600, ROOT, false).unwrap().ino;
+        assert!(matches!(fs.link(excl, ROOT_INO, b"nope"), Err(uext4::Error::NotFound(_))), "{features}");
+        fs.close_inode(excl).unwrap();
+        assert!(matches!(fs.link(gone, ROOT_INO, b"late"), Err(uext4::Error::NotFound(_))), "{features}");
+        let with_named = (free.0 - 1, free.1 - 1);
+        assert_eq!((fs.free_blocks(), fs.free_inodes()), with_named, "{features}: the nameless ones were freed");
+
+        // Open and nameless at a power cut.
+        let open = fs.create_tmpfile(ROOT_INO, 0o600, ROOT, true).unwrap().ino;
+        fs.write(open, 0, &vec![5u8; 1 << 20]).unwrap();
+        fs.fsync(open).unwrap();
+        let snapshot = mem.contents();
+        fs.abandon();
+        judge_cut(dir.path(), &snapshot, with_named, features);
+        let ours = dir.path().join("ours.img");
+        let back = Filesystem::open(&ours, Options::default()).unwrap();
+        let ino = back.lookup(ROOT_INO, b"named").unwrap().expect("the linked tmpfile keeps its name");
+        assert_eq!(back.read_all(ino).unwrap(), b"kept by its link");
+    }
+}
+
 /// Orphans on the chain leave it from the middle, the head and the tail, each
 /// close committed and cut after: the chain on disk stays whole every time.
 #[test]

@@ -52,6 +52,7 @@ pub const FUSE_RELEASEDIR: u32 = 29;
 pub const FUSE_FSYNCDIR: u32 = 30;
 pub const FUSE_ACCESS: u32 = 34;
 pub const FUSE_CREATE: u32 = 35;
+pub const FUSE_TMPFILE: u32 = 51;
 pub const FUSE_INTERRUPT: u32 = 36;
 pub const FUSE_DESTROY: u32 = 38;
 pub const FUSE_BATCH_FORGET: u32 = 42;
@@ -199,6 +200,12 @@ pub enum Op<'a> {
     Open,
     /// Create and open in one (answered ENOSYS: see the server).
     Create,
+    /// O_TMPFILE: a new file with no name, opened (`struct fuse_create_in`).
+    Tmpfile {
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    },
     Read {
         offset: u64,
         size: u32,
@@ -271,7 +278,7 @@ pub fn fixed_args_len(opcode: u32) -> usize {
         FUSE_INIT => 64,
         FUSE_FORGET | FUSE_LINK | FUSE_RENAME | FUSE_INTERRUPT => 8,
         FUSE_BATCH_FORGET | FUSE_MKDIR | FUSE_OPEN | FUSE_OPENDIR | FUSE_GETXATTR | FUSE_LISTXATTR | FUSE_ACCESS => 8,
-        FUSE_GETATTR | FUSE_MKNOD | FUSE_RENAME2 | FUSE_CREATE | FUSE_FSYNC | FUSE_FSYNCDIR => 16,
+        FUSE_GETATTR | FUSE_MKNOD | FUSE_RENAME2 | FUSE_CREATE | FUSE_TMPFILE | FUSE_FSYNC | FUSE_FSYNCDIR => 16,
         FUSE_SETXATTR => 8,
         FUSE_RELEASE | FUSE_RELEASEDIR | FUSE_FLUSH | FUSE_LSEEK => 24,
         FUSE_FALLOCATE | FUSE_IOCTL => 32,
@@ -355,6 +362,7 @@ impl<'a> Op<'a> {
             FUSE_LINK => Op::Link { oldnodeid: u64_at(f, 0), name: name_at(rest)?.0 },
             FUSE_OPEN => Op::Open,
             FUSE_CREATE => Op::Create,
+            FUSE_TMPFILE => Op::Tmpfile { flags: u32_at(f, 0), mode: u32_at(f, 4), umask: u32_at(f, 8) },
             FUSE_READ => Op::Read { offset: u64_at(f, 8), size: u32_at(f, 16), open_flags: u32_at(f, 32) },
             FUSE_WRITE => {
                 let size = u32_at(f, 16) as usize;

@@ -166,6 +166,7 @@ fn changes(op: &Op) -> bool {
             | Op::Rmdir { .. }
             | Op::Rename { .. }
             | Op::Link { .. }
+            | Op::Tmpfile { .. }
             | Op::Write { .. }
             | Op::Setxattr { .. }
             | Op::Removexattr { .. }
@@ -476,19 +477,10 @@ impl Uext4Fuse {
         acls: Inherited,
     ) -> uext4::Result<Stat> {
         let st = made?;
-        let set = || -> uext4::Result<()> {
-            if let Some(access) = &acls.access {
-                self.fs.set_xattr(st.ino, ACCESS_ACL.as_bytes(), access, 0)?;
-            }
-            if let Some(default) = &acls.default {
-                self.fs.set_xattr(st.ino, DEFAULT_ACL.as_bytes(), default, 0)?;
-            }
-            Ok(())
-        };
         if acls.access.is_none() && acls.default.is_none() {
             return Ok(st);
         }
-        if let Err(e) = set() {
+        if let Err(e) = self.set_inherited(st.ino, &acls) {
             let undone = if st.file_type == uext4::FileType::Directory {
                 self.fs.rmdir(parent, name)
             } else {
@@ -500,6 +492,49 @@ impl Uext4Fuse {
             return Err(e);
         }
         self.fs.stat(st.ino)
+    }
+
+    /// Gives a new inode what it inherits from its parent's default ACL.
+    fn set_inherited(&self, ino: u32, acls: &Inherited) -> uext4::Result<()> {
+        if let Some(access) = &acls.access {
+            self.fs.set_xattr(ino, ACCESS_ACL.as_bytes(), access, 0)?;
+        }
+        if let Some(default) = &acls.default {
+            self.fs.set_xattr(ino, DEFAULT_ACL.as_bytes(), default, 0)?;
+        }
+        Ok(())
+    }
+
+    /// O_TMPFILE: a file without a name, open once here until the kernel's
+    /// lookup reference (the entry reply) holds it; the kernel's FORGET after
+    /// the last close frees it, unless a LINK named it meanwhile (the kernel
+    /// allows that only without O_EXCL, and so does the library). The reply
+    /// is an entry and an open, as for CREATE.
+    fn tmpfile(&self, h: &InHeader, dir: u32, flags: u32, mode: u32, umask: u32, out: &mut Payload) -> Answer {
+        let made = self.new_owner(h, dir, mode, umask, false).and_then(|(owner, perm, acls)| {
+            let linkable = flags & libc::O_EXCL as u32 == 0;
+            let st = self.fs.create_tmpfile(dir, perm, owner, linkable)?;
+            match self.set_inherited(st.ino, &acls) {
+                Ok(()) => self.fs.stat(st.ino),
+                Err(e) => {
+                    let _ = self.fs.close_inode(st.ino);
+                    Err(e)
+                }
+            }
+        });
+        let st = match made {
+            Ok(st) => st,
+            Err(e) => return Some(errno(&e)),
+        };
+        let answer = self.entry(Ok(st.clone()), out);
+        if answer == Some(0) {
+            out.open_out(0, 0);
+        }
+        // The entry's pin holds it now (or, had the pin failed, nothing does).
+        if let Err(e) = self.fs.close_inode(st.ino) {
+            self.log(&format!("tmpfile: closing inode {}: {e}", st.ino));
+        }
+        answer
     }
 
     /// Whether the caller of `h` is root (taken for CAP_FSETID) or a member of
@@ -765,6 +800,7 @@ impl Uext4Fuse {
                 Self::done(self.fs.rename(ino, name, ext_ino(newdir), newname, flags))
             }
             Op::Link { oldnodeid, name } => self.entry(self.fs.link(ext_ino(oldnodeid), ino, name), out),
+            Op::Tmpfile { flags, mode, umask } => self.tmpfile(h, ino, flags, mode, umask, out),
             // Opens need nothing from us: an open file keeps its inode in the
             // kernel, so the lookup pin already keeps an unlinked one alive.
             // ENOSYS makes the kernel stop sending OPEN, and RELEASE with it,

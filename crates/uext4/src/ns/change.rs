@@ -268,6 +268,39 @@ impl Filesystem {
         })
     }
 
+    /// Creates a regular file with no name (the kernel's O_TMPFILE): it starts
+    /// with no links, on the orphan list, and open once for the caller, who
+    /// closes it with [`Filesystem::close_inode`]; the last close frees it, and
+    /// so does the next open after a crash. While it is open and `linkable`
+    /// (O_TMPFILE without O_EXCL), [`Filesystem::link`] may give it a name,
+    /// which takes it off the orphan list. `dir` only says where it is placed;
+    /// its times do not change.
+    ///
+    /// # Errors
+    /// `NotFound` when `dir` is gone; `NotADirectory`; `NoSpace` without a free
+    /// inode; `ReadOnly`, `Corrupt` as for [`Filesystem::create`].
+    pub fn create_tmpfile(&self, dir: u32, perm: u16, owner: Owner, linkable: bool) -> Result<Stat> {
+        let _caller = crate::alloc::acting_as_unless_set(owner);
+        self.require_dir(dir)?;
+        let _dir_lock = self.inode_locks.read(dir as u64);
+        self.require_live_dir(dir)?;
+        let _space = self.alloc.ensure_space(0)?;
+        let request = self.inode_request(dir, b"", false)?;
+        let mut tx = self.begin(6)?;
+        let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, &request)?;
+        let mut inode = self.new_inode(S_IFREG | (perm & 0o7777), owner);
+        inode.i_links_count = 0;
+        self.orphan_add(&mut tx, ino, &mut inode)?;
+        self.write_inode(&mut tx, ino, &inode)?;
+        tx.finish()?;
+        // Open before the inode lock goes: nothing may see it unlinked and unheld.
+        *self.open_files.shard(ino).entry(ino).or_insert(0) += 1;
+        if linkable {
+            self.linkable.lock().insert(ino);
+        }
+        self.stat(ino)
+    }
+
     /// Creates a fifo, socket or device node; `rdev` is (major, minor).
     ///
     /// # Errors
@@ -405,9 +438,11 @@ impl Filesystem {
         if inode.is_dir() {
             return Err(Error::NotPermitted("hard links to directories are not allowed".into()));
         }
-        if inode.i_links_count == 0 {
-            // Unlinked but still open: it is an orphan and stays one (the kernel's
-            // vfs_link refuses it the same way).
+        // Unlinked but still open: it is an orphan and stays one (the kernel's
+        // vfs_link refuses it the same way), unless it was made without a name
+        // to be given one (O_TMPFILE, I_LINKABLE).
+        let from_tmpfile = inode.i_links_count == 0 && self.is_open(ino) && self.linkable.lock().contains(&ino);
+        if inode.i_links_count == 0 && !from_tmpfile {
             return Err(Error::NotFound(format!("inode {ino} has been unlinked")));
         }
         self.require_changeable(ino, &inode)?;
@@ -421,10 +456,16 @@ impl Filesystem {
         let mut tx = self.begin(6)?;
         let entry = (name, ino, file_type_from_mode(inode.i_mode));
         self.add_name(&mut tx, parent, names.parallel(parent), entry, &Self::touch_dir)?;
+        if from_tmpfile {
+            self.orphan_remove(&mut tx, ino, &mut inode)?;
+        }
         inode.i_links_count += 1;
         inode.i_ctime = now();
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()?;
+        if from_tmpfile {
+            self.linkable.lock().remove(&ino);
+        }
         self.stat(ino)
     }
 

@@ -145,6 +145,7 @@ impl Filesystem {
             }
             open.remove(&ino);
         }
+        self.linkable.lock().remove(&ino);
         let mut inode = (*self.inode(ino)?).clone();
         if inode.i_links_count != 0 {
             return Ok(());
