@@ -572,6 +572,61 @@ fn o_tmpfile(uring: bool) {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "named later");
 }
 
+/// RENAME_WHITEOUT (overlayfs asks it of its upper layer), side by side with
+/// the kernel's ext4: the old name is left naming a character device 0:0, for
+/// a file and for a directory (whose old parent loses a link); with
+/// RENAME_EXCHANGE it is EINVAL. It was EINVAL always.
+#[test]
+fn rename_whiteout_leaves_what_the_kernels_ext4_leaves() {
+    if !fuse_oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (kimg, uimg) = (work.path().join("k.img"), work.path().join("u.img"));
+    mkfs(&kimg, "64M");
+    mkfs(&uimg, "64M");
+    let steps = |root: &Path| -> Vec<String> {
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        let rename = |a: &str, b: &str, flags: u32| {
+            let (a, b) = (c(&root.join(a)), c(&root.join(b)));
+            match unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) } {
+                0 => "ok".to_string(),
+                _ => std::io::Error::last_os_error().to_string(),
+            }
+        };
+        fs::create_dir_all(root.join("w/sub")).unwrap();
+        fs::write(root.join("w/a"), "A").unwrap();
+        let mut seen = vec![
+            rename("w/a", "w/b", libc::RENAME_WHITEOUT),
+            rename("w/sub", "sub2", libc::RENAME_WHITEOUT),
+            rename("w/b", "w/a", libc::RENAME_WHITEOUT | libc::RENAME_EXCHANGE),
+        ];
+        let mut names: Vec<_> = fs::read_dir(root.join("w")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        for n in names {
+            let st = fs::symlink_metadata(root.join("w").join(&n)).unwrap();
+            seen.push(format!("{n:?} {:o} {} {} {}", st.mode(), st.rdev(), st.nlink(), st.uid()));
+        }
+        seen.push(format!("w links {}", fs::symlink_metadata(root.join("w")).unwrap().nlink()));
+        seen.push(fs::read_to_string(root.join("w/b")).unwrap());
+        seen
+    };
+    let kernel = {
+        let k = KernelMount::new(&kimg, "");
+        steps(&k.dir)
+    };
+    let ours = {
+        let m = UextMount::new(&uimg, "");
+        let seen = steps(&m.dir);
+        m.unmount();
+        seen
+    };
+    assert_eq!(ours, kernel);
+    assert!(kernel[0] == "ok" && kernel.iter().any(|l| l.starts_with("\"a\" 20000 0 1")), "{kernel:?}");
+    assert_e2fsck_clean(&kimg);
+    assert_e2fsck_clean(&uimg);
+}
+
 /// atime, mtime and ctime (seconds and nanoseconds) of a path, if it exists.
 type Times = Option<[i64; 6]>;
 

@@ -89,6 +89,11 @@ pub fn acting_as(who: Owner) -> ActingAs {
     ActingAs { before: CALLER.with(|c| c.replace(Some(who))) }
 }
 
+/// Who the calling thread acts as, if it has said (see `acting_as`).
+pub(crate) fn caller() -> Option<Owner> {
+    CALLER.with(|c| c.get())
+}
+
 /// Acts as `who` only when the calling thread has not said who it is.
 pub(crate) fn acting_as_unless_set(who: Owner) -> Option<ActingAs> {
     CALLER.with(|c| c.get()).is_none().then(|| acting_as(who))

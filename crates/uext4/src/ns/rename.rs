@@ -1,6 +1,8 @@
 //! rename(2) with its flags: over a file, over an empty directory, across
-//! directories (moving ".." and the parents' link counts), RENAME_NOREPLACE and
-//! RENAME_EXCHANGE.
+//! directories (moving ".." and the parents' link counts), RENAME_NOREPLACE,
+//! RENAME_EXCHANGE and RENAME_WHITEOUT (the old name left pointing at a new
+//! character device 0:0, in the same handle, as overlayfs asks of its upper
+//! layer and the kernel's ext4 does).
 //!
 //! Locks, in docs/ARCHITECTURE.md's order: the filesystem-wide rename lock for a
 //! cross-directory rename (it keeps the ancestor check true until the move is
@@ -11,14 +13,18 @@
 
 use super::change::{check_name, inc_dir_links, now};
 use crate::error::{Error, Result};
-use crate::format::dirent::file_type_from_mode;
-use crate::format::inode::Inode;
+use crate::format::dirent::{file_type_from_mode, EXT4_FT_CHRDEV};
+use crate::format::inode::{Inode, S_IFCHR};
+
+/// The setgid bit of a mode.
+const S_ISGID: u16 = 0o2000;
 use crate::fs::Filesystem;
 use crate::locks::Mode;
 use crate::ns::{inode_flags, ROOT_INO};
 
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
+pub const RENAME_WHITEOUT: u32 = 4;
 
 fn dec_links(i: &mut Inode) {
     // A count parked at 1 (dir_nlink) stays there.
@@ -48,7 +54,9 @@ impl Filesystem {
     }
 
     /// Renames `src_name` in `src_dir` to `dst_name` in `dst_dir`, replacing what is there as rename(2)
-    /// does; `flags` are renameat2's (`RENAME_NOREPLACE` 1, `RENAME_EXCHANGE` 2).
+    /// does; `flags` are renameat2's (`RENAME_NOREPLACE` 1, `RENAME_EXCHANGE` 2,
+    /// `RENAME_WHITEOUT` 4: the old name then names a new character device 0:0,
+    /// owned by the caller).
     ///
     /// # Errors
     /// `NotFound` when the source is missing; `Exists` (NOREPLACE) or `NotEmpty` (a non-empty
@@ -69,9 +77,11 @@ impl Filesystem {
             return Err(Error::Busy("cannot rename over '.' or '..'".into()));
         }
         check_name(dst_name)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+        let known = RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT;
+        if flags & !known != 0 || flags & RENAME_EXCHANGE != 0 && flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 {
             return Err(Error::Invalid(format!("rename flags {flags:#x}")));
         }
+        let whiteout = flags & RENAME_WHITEOUT != 0;
         let exchange = flags & RENAME_EXCHANGE != 0;
         let cross = src_dir != dst_dir;
         let _rename_lock = cross.then(|| self.rename_lock.lock());
@@ -162,7 +172,17 @@ impl Filesystem {
         } else {
             None
         };
+        // The whiteout's placement is asked before any structure lock is held
+        // (the policy may read the directory).
+        let whiteout_request = match whiteout {
+            true => Some(self.inode_request(src_dir, src_name, false)?),
+            false => None,
+        };
         let mut tx = self.begin(24)?;
+        let whiteout = match &whiteout_request {
+            Some(request) => Some(self.make_whiteout(&mut tx, src_dir, request)?),
+            None => None,
+        };
         // Structure locks, ascending (dir/mod.rs): moved or replaced directories
         // (their ".." and inline conversion) for writing until their inodes are
         // written; each parent for reading when pdirops holds it by name (its
@@ -253,7 +273,14 @@ impl Filesystem {
                 let grown = self.add_entry(&mut tx, dst_dir, parent, dst_name, src, src_ft)?;
                 self.update_dir_attrs(&mut tx, dst_dir, Some(grown), &|_| {})?;
             }
-            self.remove_entry_near(&mut tx, src_dir, &*self.inode(src_dir)?, src_name, src_at)?;
+            match &whiteout {
+                Some((w, _)) => {
+                    self.retarget_entry(&mut tx, src_dir, &*self.inode(src_dir)?, src_name, *w, EXT4_FT_CHRDEV)?
+                }
+                None => {
+                    self.remove_entry_near(&mut tx, src_dir, &*self.inode(src_dir)?, src_name, src_at)?;
+                }
+            }
             if cross && src_is_dir {
                 self.set_dotdot(&mut tx, src, &mut src_inode, dst_dir)?;
                 link(src_dir, -1);
@@ -278,5 +305,29 @@ impl Filesystem {
             self.write_inode(&mut tx, d, d_inode)?;
         }
         tx.finish()
+    }
+
+    /// A whiteout for RENAME_WHITEOUT: a character device 0:0 with no
+    /// permission bits, owned by the caller (the group of a setgid `dir`),
+    /// written under `tx`; returned with its inode lock.
+    fn make_whiteout(
+        &self,
+        tx: &mut crate::journal::handle::Handle,
+        dir: u32,
+        request: &crate::alloc::InodeRequest,
+    ) -> Result<(u32, crate::locks::RwHeld<'_>)> {
+        let mut owner = crate::alloc::caller().unwrap_or(crate::alloc::Owner { uid: 0, gid: 0 });
+        let parent = self.inode(dir)?;
+        if parent.i_mode & S_ISGID != 0 {
+            owner.gid = parent.i_gid;
+        }
+        let (ino, lock) = self.alloc_inode_locked(tx, request)?;
+        let mut inode = self.new_inode(S_IFCHR, owner);
+        inode.i_links_count = 1;
+        // Device numbers live in i_block (0:0 here), not in an extent root.
+        inode.i_flags = 0;
+        inode.i_block = [0; 60];
+        self.write_inode(tx, ino, &inode)?;
+        Ok((ino, lock))
     }
 }
