@@ -350,14 +350,8 @@ fn renames_over_directories_link_counts_and_unlinked_open_files_over_io_uring() 
 }
 
 fn renames_and_unlinked_files(uring: bool) {
-    if !fuse_oracles() {
-        return;
-    }
-    let Some(options) = transport(uring) else { return };
-    let work = tempfile::tempdir().unwrap();
-    let image = work.path().join("img");
-    mkfs(&image, "128M");
-    let m = UextMount::new(&image, options);
+    let Some((m, _work)) = fresh_mount("128M", uring) else { return };
+    let image = m.image.clone();
     let d = &m.dir;
     let nlink = |rel: &str| fs::symlink_metadata(d.join(rel)).unwrap().nlink();
 
@@ -433,14 +427,8 @@ fn a_listing_opened_before_a_rename_does_not_give_the_old_name_back_over_io_urin
 /// "Stale file handle"). The kernel's ext4 never shows a renamed name at its
 /// old place, and never answers ESTALE there.
 fn listing_opened_before_a_rename(uring: bool) {
-    if !fuse_oracles() {
-        return;
-    }
-    let Some(options) = transport(uring) else { return };
-    let work = tempfile::tempdir().unwrap();
-    let image = work.path().join("img");
-    mkfs(&image, "64M");
-    let m = UextMount::new(&image, options);
+    let Some((m, _work)) = fresh_mount("64M", uring) else { return };
+    let image = m.image.clone();
     let (a, b) = (m.dir.join("a"), m.dir.join("b"));
     fs::create_dir_all(a.join("x")).unwrap();
     fs::create_dir(&b).unwrap();
@@ -512,14 +500,8 @@ fn o_tmpfile_over_io_uring() {
 /// opened with O_EXCL (ENOENT); one closed without a name gives its space back.
 /// It was EOPNOTSUPP.
 fn o_tmpfile(uring: bool) {
-    if !fuse_oracles() {
-        return;
-    }
-    let Some(options) = transport(uring) else { return };
-    let work = tempfile::tempdir().unwrap();
-    let image = work.path().join("img");
-    mkfs(&image, "64M");
-    let m = UextMount::new(&image, options);
+    let Some((m, _work)) = fresh_mount("64M", uring) else { return };
+    let image = m.image.clone();
     let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
     let tmpfile = |extra: i32| {
         let fd = unsafe { libc::open(cstr(&m.dir).as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, 0o640) };

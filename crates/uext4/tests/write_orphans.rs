@@ -102,6 +102,16 @@ fn kernel_image(dir: &std::path::Path, features: &str) -> std::path::PathBuf {
     image
 }
 
+/// `image` copied into memory and opened writable there (so a test can take
+/// the device's contents at any moment as a power cut would leave them), with
+/// its free block and inode counts.
+fn open_in_memory(image: &std::path::Path) -> (std::sync::Arc<uext4::dev::MemDevice>, Filesystem, (u64, u64)) {
+    let mem = std::sync::Arc::new(uext4::dev::MemDevice::new(std::fs::read(image).unwrap()));
+    let fs = Filesystem::open_device(mem.clone(), Options { read_only: false, ..Options::default() }).unwrap();
+    let free = (fs.free_blocks(), fs.free_inodes());
+    (mem, fs, free)
+}
+
 /// The image after a power cut at `snapshot`, judged three ways: uext4's recovery
 /// (its writable open) gives back every block and inode the workload took and
 /// leaves e2fsck silent; on a copy, the kernel's replay and orphan cleanup (a
@@ -201,10 +211,7 @@ fn tmpfiles_are_orphans_until_linked() {
     }
     for features in ["", "orphan_file"] {
         let dir = tempfile::tempdir().unwrap();
-        let image = kernel_image(dir.path(), features);
-        let mem = std::sync::Arc::new(uext4::dev::MemDevice::new(std::fs::read(&image).unwrap()));
-        let fs = Filesystem::open_device(mem.clone(), Options { read_only: false, ..Options::default() }).unwrap();
-        let free = (fs.free_blocks(), fs.free_inodes());
+        let (mem, fs, free) = open_in_memory(&kernel_image(dir.path(), features));
 
         let named = fs.create_tmpfile(ROOT_INO, 0o640, ROOT, true).unwrap();
         assert_eq!((named.nlink, named.perm), (0, 0o640), "{features}");
@@ -455,10 +462,7 @@ fn concurrent_orphans_then_a_power_cut() {
     }
     for features in ["", "orphan_file"] {
         let dir = tempfile::tempdir().unwrap();
-        let image = kernel_image(dir.path(), features);
-        let mem = std::sync::Arc::new(uext4::dev::MemDevice::new(std::fs::read(&image).unwrap()));
-        let fs = Filesystem::open_device(mem.clone(), Options { read_only: false, ..Options::default() }).unwrap();
-        let free = (fs.free_blocks(), fs.free_inodes());
+        let (mem, fs, free) = open_in_memory(&kernel_image(dir.path(), features));
         std::thread::scope(|s| {
             for t in 0..4u32 {
                 let fs = &fs;

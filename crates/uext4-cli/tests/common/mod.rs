@@ -98,6 +98,21 @@ pub fn fuse_available() -> bool {
     true
 }
 
+/// A fresh image of `size` (mkfs.ext4 -b 4096) in a new temporary directory,
+/// mounted by uext4 over io_uring or /dev/fuse (`transport`); None, after the
+/// skip message, when the machine lacks the FUSE oracles or the transport. The
+/// directory goes with the second half, which the caller keeps to the end.
+pub fn fresh_mount(size: &str, uring: bool) -> Option<(UextMount, tempfile::TempDir)> {
+    if !fuse_oracles() {
+        return None;
+    }
+    let options = transport(uring)?;
+    let work = tempfile::tempdir().unwrap();
+    let image = work.path().join("img");
+    mkfs(&image, size);
+    Some((UextMount::new(&image, options), work))
+}
+
 /// `uext4 mount` of an image, unmounted (with `uext4 umount`) on drop.
 pub struct UextMount {
     pub dir: PathBuf,
