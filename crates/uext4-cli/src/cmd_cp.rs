@@ -238,9 +238,17 @@ impl Extractor<'_> {
     fn copy_dir_contents(&mut self, dir: u32, dst: &Path) -> Result<()> {
         let entries = self.fs.read_dir(dir)?;
         let where_ = format!("directory inode {dir}");
-        for (i, e) in entries.iter().enumerate() {
-            // The genuine "." and ".." come first; any later ones are hostile.
-            if i < 2 && ((i == 0 && e.name == b".") || (i == 1 && e.name == b"..")) {
+        let (mut dot, mut dotdot) = (false, false);
+        for e in &entries {
+            // The genuine "." and ".." are the first of each name in the listing
+            // (first on disk; in a hashed listing equal names keep their disk
+            // order); any later one is hostile, and refused below.
+            let first = match &e.name[..] {
+                b"." => !std::mem::replace(&mut dot, true),
+                b".." => !std::mem::replace(&mut dotdot, true),
+                _ => false,
+            };
+            if first {
                 continue;
             }
             let child = dst.join(OsStr::from_bytes(&e.name));

@@ -609,6 +609,51 @@ fn rename_whiteout_leaves_what_the_kernels_ext4_leaves() {
     assert_e2fsck_clean(&uimg);
 }
 
+/// readdir through the mount lists a directory in the order the kernel's ext4
+/// lists the same image: hash order for a one-block directory and an inline
+/// one ("." and ".." among the names, as `ext4_htree_fill_tree` hashes them
+/// too), hash order after the dots for an indexed one. One-block and inline
+/// directories were listed in on-disk order, so tar and find walked them
+/// differently.
+#[test]
+fn readdir_order_is_the_kernels() {
+    if !fuse_oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    for features in ["^inline_data", "inline_data"] {
+        let image = work.path().join(format!("{features}.img"));
+        run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", features]).arg(&image).arg("64M"));
+        let listing = |root: &Path| -> Vec<Vec<String>> {
+            ["one", "small", "big"]
+                .iter()
+                .map(|d| {
+                    // libc's readdir, which keeps "." and ".." where they come.
+                    let out = Command::new("ls").arg("-f").arg(root.join(d)).output().unwrap();
+                    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+                })
+                .collect()
+        };
+        let kernel = {
+            let k = KernelMount::new(&image, "");
+            for (dir, names) in [("one", 40), ("small", 3), ("big", 2000)] {
+                fs::create_dir(k.dir.join(dir)).unwrap();
+                for i in 0..names {
+                    fs::write(k.dir.join(dir).join(format!("name-{i}")), "").unwrap();
+                }
+            }
+            fs::remove_file(k.dir.join("one/name-7")).unwrap();
+            listing(&k.dir)
+        };
+        let m = UextMount::new(&image, "");
+        let ours = listing(&m.dir);
+        m.unmount();
+        assert_eq!(ours, kernel, "{features}");
+        assert_ne!(kernel[0][..2], [".".to_string(), "..".to_string()], "{features}: the one-block listing is hashed");
+        assert_e2fsck_clean(&image);
+    }
+}
+
 /// atime, mtime and ctime (seconds and nanoseconds) of a path, if it exists.
 type Times = Option<[i64; 6]>;
 

@@ -154,12 +154,16 @@ impl Filesystem {
     /// exactly its first two entries, "." (itself) and "..". Anything else — a
     /// second "." or "..", names past them, a missing "." — counts as not empty.
     pub(crate) fn only_dot_entries(ino: u32, entries: &[DirEntryOwned]) -> bool {
-        entries.len() == 2 && entries[0].name == b"." && entries[0].ino == ino && entries[1].name == b".."
+        entries.len() == 2
+            && entries.iter().any(|e| e.name == b"." && e.ino == ino)
+            && entries.iter().any(|e| e.name == b"..")
     }
 
-    /// Every entry of the directory, "." and ".." included, in readdir order:
-    /// on-disk order for a linear or inline directory, hash order after "." and
-    /// ".." for an indexed one (see `in_hash_order`).
+    /// Every entry of the directory, "." and ".." included, in the kernel's
+    /// readdir order: hash order after "." and ".." for an indexed directory
+    /// (see `in_hash_order`); hash order, dots included, for a one-block or
+    /// inline directory on a filesystem with dir_index (`in_block_hash_order`);
+    /// on-disk order otherwise.
     ///
     /// # Errors
     /// `NotADirectory` when `ino` is not a directory; `Corrupt` for a damaged directory block.
@@ -175,7 +179,7 @@ impl Filesystem {
             return Err(Self::removed_dir_error(ino));
         }
         if inode.has_flag(EXT4_INLINE_DATA_FL) {
-            return self.read_inline_dir(ino, &inode);
+            return Ok(self.in_block_hash_order(&inode, self.read_inline_dir(ino, &inode)?));
         }
         let mut out = Vec::new();
         let mut in_root = 0;
@@ -189,17 +193,40 @@ impl Filesystem {
         }
         if self.is_indexed(&inode) {
             out = self.in_hash_order(ino, &inode, out, in_root.min(2));
+        } else if inode.i_size == self.vol.geo.block_size as u64 {
+            out = self.in_block_hash_order(&inode, out);
         }
         Ok(out)
+    }
+
+    /// A directory of one block, or an inline one, on a filesystem with
+    /// dir_index, listed as the kernel's `ext4_htree_fill_tree` lists it (its
+    /// `is_dx_dir` counts these as indexed): every entry, "." and ".."
+    /// included, by the (major, minor) hash of its name under the superblock's
+    /// default hash; equal hashes keep their on-disk order. A casefolded
+    /// directory, whose names the kernel hashes folded, or a hash this library
+    /// does not implement keeps on-disk order.
+    fn in_block_hash_order(&self, inode: &Inode, out: Vec<DirEntryOwned>) -> Vec<DirEntryOwned> {
+        if !self.vol.geo.has_dir_index || inode.has_flag(crate::format::inode::EXT4_CASEFOLD_FL) {
+            return out;
+        }
+        let version = self.effective_hash_version(self.vol.sb.read().s_def_hash_version);
+        let keys: Result<Vec<(u32, u32)>> = out
+            .iter()
+            .map(|e| hash::dx_hash(&e.name, version, &self.vol.geo.hash_seed).map(|h| (h.major, h.minor)))
+            .collect();
+        let Ok(keys) = keys else { return out };
+        let mut keyed: Vec<_> = keys.into_iter().zip(out).collect();
+        keyed.sort_by_key(|(h, _)| *h);
+        keyed.into_iter().map(|(_, e)| e).collect()
     }
 
     /// An indexed directory's listing in the kernel's readdir order
     /// (`ext4_dx_readdir`): the root block's entries ("." and "..", the first
     /// `dots` of `out`) first, as the kernel takes them from the root's fixed
     /// slots, then every name by its (major, minor) hash; equal hashes keep
-    /// their on-disk order. (The kernel lists one-block and inline directories
-    /// in hash order too, dots included; uext4 keeps those in on-disk order,
-    /// which no program may rely on either way.)
+    /// their on-disk order. (One-block and inline directories: see
+    /// `in_block_hash_order`.)
     ///
     /// Why not on-disk order: a leaf split moves half a leaf to a block at the
     /// directory's end, so block order is unrelated to both hash and inode

@@ -533,9 +533,10 @@ impl Filesystem {
             // A directory named from elsewhere than its parent (a hard link to a
             // directory, which the kernel never makes) would leave that parent's
             // link count wrong and the other name dangling.
-            if entries[1].ino != parent {
+            let dotdot = entries.iter().find(|e| e.name == b"..").map_or(0, |e| e.ino);
+            if dotdot != parent {
                 return Err(Error::corrupt(
-                    format!("'..' names inode {}, not the parent {parent} it is removed from", entries[1].ino),
+                    format!("'..' names inode {dotdot}, not the parent {parent} it is removed from"),
                     format!("directory inode {ino}"),
                 ));
             }
