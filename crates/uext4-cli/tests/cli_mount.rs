@@ -503,8 +503,12 @@ fn o_tmpfile(uring: bool) {
     let Some((m, _work)) = fresh_mount("64M", uring) else { return };
     let image = m.image.clone();
     let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // O_CLOEXEC: a child another test spawns meanwhile (a daemon) must not
+    // inherit the file and keep the mount busy at its unmount.
     let tmpfile = |extra: i32| {
-        let fd = unsafe { libc::open(cstr(&m.dir).as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, 0o640) };
+        let fd = unsafe {
+            libc::open(cstr(&m.dir).as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC | extra, 0o640)
+        };
         assert!(fd >= 0, "O_TMPFILE: {}", std::io::Error::last_os_error());
         unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) }
     };
