@@ -501,7 +501,7 @@ fn serve_session(
             report(&format!("cannot watch for signals: {e}"));
         }
     });
-    if uext4::is_errors_panic("") {
+    if uext4::errors_panicked() {
         // The hook above ended the session; whatever the workers then met is its echo.
         drop(server);
         drop(fs);

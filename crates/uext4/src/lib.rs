@@ -157,5 +157,5 @@ pub use ns::change::SetAttr;
 pub use ns::remove_tree::RemovedTree;
 pub use ns::{FileType, Stat, StatFs, ROOT_INO};
 pub use tunables::Tunable;
-pub use volume::is_errors_panic;
+pub use volume::{errors_panicked, is_errors_panic};
 pub use xattr::{XATTR_CREATE, XATTR_REPLACE};

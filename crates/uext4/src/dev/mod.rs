@@ -555,7 +555,7 @@ impl BadSpotDevice {
         if !self.armed.load(Ordering::SeqCst) {
             return false;
         }
-        let touches = |r: &std::ops::Range<u64>| offset < r.end && r.start < offset + bytes.len() as u64;
+        let touches = |r: &std::ops::Range<u64>| offset < r.end && r.start < offset.saturating_add(bytes.len() as u64);
         let refused = match &self.spot {
             BadSpot::Reads(range) => reading && touches(range),
             BadSpot::Writes(range) => !reading && touches(range),

@@ -151,8 +151,9 @@ impl Filesystem {
     }
 
     /// The kernel's ext4_empty_dir on a listing: a directory is empty when it holds
-    /// exactly its first two entries, "." (itself) and "..". Anything else — a
-    /// second "." or "..", names past them, a missing "." — counts as not empty.
+    /// exactly two entries, "." (itself) and "..", found by name (a one-block
+    /// listing is in hash order). Anything else — a second "." or "..", other
+    /// names, a missing "." — counts as not empty.
     pub(crate) fn only_dot_entries(ino: u32, entries: &[DirEntryOwned]) -> bool {
         entries.len() == 2
             && entries.iter().any(|e| e.name == b"." && e.ino == ino)

@@ -44,6 +44,21 @@ pub(crate) fn inc_dir_links(dir: &mut Inode) {
 
 /// The time the library stamps changes with (the precise wall clock, or the
 /// time `clock::set_fixed_time` fixed).
+/// A new device node's one link and its numbers, (major, minor): they live in
+/// i_block (old 16-bit form in the first word, new form in the second), which
+/// holds no extent root.
+pub(crate) fn init_device_inode(i: &mut Inode, (major, minor): (u32, u32)) {
+    i.i_links_count = 1;
+    i.i_flags = 0;
+    i.i_block = [0; 60];
+    let new = (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12);
+    if major < 256 && minor < 256 {
+        i.i_block[..4].copy_from_slice(&((major << 8) | minor).to_le_bytes());
+    } else {
+        i.i_block[4..8].copy_from_slice(&new.to_le_bytes());
+    }
+}
+
 pub fn now() -> Timestamp {
     let (sec, nsec) = crate::clock::precise();
     Timestamp { sec, nsec }
@@ -318,17 +333,7 @@ impl Filesystem {
             return Err(Error::Invalid(format!("mknod of mode {mode:#o}")));
         }
         self.create_node(parent, name, mode, owner, 0, &|_, _, _, i| {
-            i.i_links_count = 1;
-            // Device numbers live in i_block, not in an extent root.
-            i.i_flags = 0;
-            i.i_block = [0; 60];
-            let (major, minor) = rdev;
-            let new = (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12);
-            if major < 256 && minor < 256 {
-                i.i_block[..4].copy_from_slice(&((major << 8) | minor).to_le_bytes());
-            } else {
-                i.i_block[4..8].copy_from_slice(&new.to_le_bytes());
-            }
+            init_device_inode(i, rdev);
             Ok(())
         })
     }

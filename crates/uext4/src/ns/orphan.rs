@@ -145,11 +145,12 @@ impl Filesystem {
             }
             open.remove(&ino);
         }
-        self.linkable.lock().remove(&ino);
         let mut inode = (*self.inode(ino)?).clone();
         if inode.i_links_count != 0 {
             return Ok(());
         }
+        // Only a nameless file can be linkable (a link clears it).
+        self.linkable.lock().remove(&ino);
         let mut tx = self.begin(8)?;
         self.orphan_remove(&mut tx, ino, &mut inode)?;
         self.release_inode(&mut tx, ino, &mut inode)?;

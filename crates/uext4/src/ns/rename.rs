@@ -11,16 +11,16 @@
 //! in ascending order (the parents shared), the handle, the structure locks, and
 //! each parent's attribute lock last.
 
-use super::change::{check_name, inc_dir_links, now};
+use super::change::{check_name, inc_dir_links, init_device_inode, now};
 use crate::error::{Error, Result};
 use crate::format::dirent::{file_type_from_mode, EXT4_FT_CHRDEV};
 use crate::format::inode::{Inode, S_IFCHR};
-
-/// The setgid bit of a mode.
-const S_ISGID: u16 = 0o2000;
 use crate::fs::Filesystem;
 use crate::locks::Mode;
 use crate::ns::{inode_flags, ROOT_INO};
+
+/// The setgid bit of a mode.
+const S_ISGID: u16 = 0o2000;
 
 pub const RENAME_NOREPLACE: u32 = 1;
 pub const RENAME_EXCHANGE: u32 = 2;
@@ -323,10 +323,7 @@ impl Filesystem {
         }
         let (ino, lock) = self.alloc_inode_locked(tx, request)?;
         let mut inode = self.new_inode(S_IFCHR, owner);
-        inode.i_links_count = 1;
-        // Device numbers live in i_block (0:0 here), not in an extent root.
-        inode.i_flags = 0;
-        inode.i_block = [0; 60];
+        init_device_inode(&mut inode, (0, 0));
         self.write_inode(tx, ino, &inode)?;
         Ok((ino, lock))
     }

@@ -190,7 +190,12 @@ static ERRORS_PANICKED: AtomicBool = AtomicBool::new(false);
 /// scope's "a scoped thread panicked"), because such a stop happened in this
 /// process: a frontend reports the one as the image's choice.
 pub fn is_errors_panic(message: &str) -> bool {
-    message.starts_with(ERRORS_PANIC) || ERRORS_PANICKED.load(Ordering::SeqCst)
+    message.starts_with(ERRORS_PANIC) || errors_panicked()
+}
+
+/// Whether an errors=panic stop has happened in this process.
+pub fn errors_panicked() -> bool {
+    ERRORS_PANICKED.load(Ordering::SeqCst)
 }
 
 fn error_record(site: Site) -> ErrorRecord {

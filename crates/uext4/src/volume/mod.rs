@@ -18,7 +18,7 @@ mod error_state;
 mod inode_table;
 
 pub(crate) use error_state::ErrorState;
-pub use error_state::{is_errors_panic, Errors};
+pub use error_state::{errors_panicked, is_errors_panic, Errors};
 
 use crate::cache::{BufferCache, Writeback};
 use crate::dev::{BlockDevice, IoClass};
