@@ -1594,6 +1594,18 @@ fn kept_write_inputs() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/kept/write_script")
 }
 
+/// The write fuzz target's seed images, as `fuzz/make_seeds.sh` makes them (in the
+/// returned directory): their paths and bytes, in name order.
+fn fuzz_seed_images() -> (tempfile::TempDir, Vec<PathBuf>, Vec<Vec<u8>>) {
+    let seed_dir = tempfile::tempdir().unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/make_seeds.sh");
+    run(std::process::Command::new(&script).env("UEXT4_SEEDS_OUT", seed_dir.path()));
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(seed_dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    let images = paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    (seed_dir, paths, images)
+}
+
 /// Replays every kept input of the `write_script` fuzz target on the seed images
 /// `fuzz/make_seeds.sh` makes, with the check the fuzz loop leaves out: whenever
 /// the script succeeded, `e2fsck -fn` finds nothing it did not find before.
@@ -1602,12 +1614,7 @@ fn write_fuzz_findings_replay_soundly() {
     if !require_e2fsprogs() || !skip_unless(have_tool("python3"), "python3 (for fuzz/make_seeds.sh) is missing") {
         return;
     }
-    let seed_dir = tempfile::tempdir().unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/make_seeds.sh");
-    run(std::process::Command::new(&script).env("UEXT4_SEEDS_OUT", seed_dir.path()));
-    let mut seed_paths: Vec<PathBuf> = std::fs::read_dir(seed_dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
-    seed_paths.sort();
-    let seeds: Vec<Vec<u8>> = seed_paths.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let (_seed_dir, _, seeds) = fuzz_seed_images();
     assert_eq!(seeds.len(), 4, "make_seeds.sh makes four seed images");
     let mut inputs: Vec<PathBuf> = std::fs::read_dir(kept_write_inputs()).unwrap().map(|e| e.unwrap().path()).collect();
     inputs.sort();
@@ -1658,4 +1665,96 @@ fn unknown_hash_version_and_short_directories_refuse_writes() {
     assert_write_refused("rmdir of a 0-byte directory", &img, &["shorter than one block"], &|fs| {
         fs.rmdir(ROOT_INO, b"big")
     });
+}
+
+/// Mutated seed images the seeded write fuzz tries (override with
+/// UEXT4_MINI_WRITE_FUZZ_CASES; each case runs e2fsck -fn twice).
+const MINI_WRITE_FUZZ_CASES: u64 = 1_000;
+
+/// The write fuzz target's check with e2fsck in the loop, on seeded mutations
+/// aimed at metadata (as `mini_fuzz_seeded_mutations` aims them): the script
+/// must never panic, hang or meet an error kind no damaged image should cause,
+/// and when every step of it succeeded, e2fsck -fn must find nothing new. The
+/// libFuzzer run (fuzz/README.md) explores far more, but without e2fsck.
+/// UEXT4_MINI_WRITE_FUZZ_FIRST=N starts at case N (to replay one, with CASES=1);
+/// UEXT4_MINI_WRITE_FUZZ_KEEP=DIR keeps each image before and after the script.
+#[test]
+fn mini_write_fuzz_seeded_mutations() {
+    if !require_e2fsprogs() || !skip_unless(have_tool("python3"), "python3 (for fuzz/make_seeds.sh) is missing") {
+        return;
+    }
+    let cases =
+        std::env::var("UEXT4_MINI_WRITE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(MINI_WRITE_FUZZ_CASES);
+    let (_seed_dir, seed_paths, seeds) = fuzz_seed_images();
+    let maps: Vec<Vec<Meta>> = seeds.iter().map(|img| metadata_map(img)).collect();
+    let first = std::env::var("UEXT4_MINI_WRITE_FUZZ_FIRST").ok().and_then(|v| v.parse().ok()).unwrap_or(0u64);
+    let mut rng = Rng::new(0x5EED_3717);
+    let (mut refused, mut clean, mut stopped, mut unjudged) = (0, 0, 0, 0);
+    let mut failures = Vec::new();
+    let start = Instant::now();
+    for case in 0..first + cases {
+        let which = rng.below(seeds.len() as u64) as usize;
+        let seed = &seeds[which];
+        let bs = block_size_of(seed);
+        let mut data = Vec::new();
+        for _ in 0..1 + rng.below(4) {
+            let m = &maps[which][rng.below(maps[which].len() as u64) as usize];
+            let off = m.block as usize * bs + pick_offset(m, &mut rng);
+            data.extend_from_slice(&(off as u32).to_le_bytes());
+            data.push(rng.next() as u8);
+            data.push(rng.next() as u8);
+        }
+        if case < first {
+            continue;
+        }
+        let image = fuzzing::mutate(seed, &data);
+        let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
+        let label = format!("case {case} (seed {}, edits {hex})", seed_paths[which].display());
+        // An e2fsck that gave up part-way has not listed every problem the
+        // damage makes, so nothing can be called new after the script.
+        let Some(before) = e2fsck_problems_within(&image, 60).filter(|p| !p.contains("e2fsck: aborted")) else {
+            unjudged += 1;
+            continue;
+        };
+        if let Some(dir) = std::env::var_os("UEXT4_MINI_WRITE_FUZZ_KEEP") {
+            std::fs::write(PathBuf::from(dir).join(format!("case-{case}.img")), &image).unwrap();
+        }
+        let (outcome, after) = match write_trial(image.clone(), TRIAL_LIMIT, fuzzing::write_script) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{label}: {e}"));
+                continue;
+            }
+        };
+        match outcome {
+            WriteOutcome::Refused(_) | WriteOutcome::ReadOnly(_) => refused += 1,
+            WriteOutcome::Ran(r) if r.other > 0 => {
+                failures.push(format!("{label}: unexpected errors {:?}", r.messages))
+            }
+            WriteOutcome::Ran(r) if r.clean() => {
+                clean += 1;
+                let after_image = after.clone();
+                match e2fsck_problems_within(&after, 60) {
+                    Some(after) => {
+                        let new = new_problems(&before, &after);
+                        if let Some(dir) = std::env::var_os("UEXT4_MINI_WRITE_FUZZ_KEEP") {
+                            std::fs::write(PathBuf::from(dir).join(format!("case-{case}-after.img")), &after_image)
+                                .unwrap();
+                        }
+                        if !new.is_empty() {
+                            failures.push(format!("{label}: script succeeded, e2fsck -fn finds new problems: {new:?}"));
+                        }
+                    }
+                    None => failures.push(format!("{label}: e2fsck -fn no longer finishes")),
+                }
+            }
+            WriteOutcome::Ran(_) => stopped += 1,
+        }
+    }
+    eprintln!(
+        "mini write fuzz: {cases} cases in {:?}: {refused} refused, {clean} succeeded, {stopped} stopped by Corrupt, \
+         {unjudged} not judged (e2fsck -fn gives up on the damaged image)",
+        start.elapsed()
+    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }

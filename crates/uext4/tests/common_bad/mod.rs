@@ -570,7 +570,8 @@ pub fn file_type_of(image: &[u8], ino: u32) -> FileType {
 /// What `e2fsck -fn` finds wrong with `image`, one line per problem, so that two runs
 /// compare as sets. Inode and block numbers stay; what changes on any write does
 /// not: pass headers, the summary, "Fix? no" prompts, the ranges listed after
-/// "bitmap differences" and the numbers in "count wrong (have, counted=want)".
+/// "bitmap differences", the numbers in "count wrong (have, counted=want)" and in
+/// wrong i_blocks, i_size and link counts, and the paths directories are named by.
 pub fn e2fsck_problems(image: &[u8]) -> BTreeSet<String> {
     e2fsck_problems_within(image, 600).expect("e2fsck -fn finishes")
 }
@@ -622,6 +623,26 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
                 l.replace_range(open..close + 1, "");
             }
         }
+        // "Extended attribute block for inode 2 (/a/..) is invalid": the path moves
+        // with the names around it, as above.
+        if let Some(at) = l.find(" for inode ") {
+            let from = at + " for inode ".len();
+            let digits = l[from..].bytes().take_while(u8::is_ascii_digit).count();
+            if digits > 0 && l[from + digits..].starts_with(" (") {
+                if let Some(close) = l[from + digits..].find(") ") {
+                    l.replace_range(from + digits..from + digits + close + 1, "");
+                }
+            }
+        }
+        // "Problem in HTREE directory inode 18: root node is invalid": for a damaged
+        // root e2fsck's number here is not the directory's (the same image gave 18
+        // and, after an unrelated change, 0); the directory is named in the line
+        // before, which stays.
+        if let Some(rest) = l.strip_prefix("Problem in HTREE directory inode ") {
+            if let Some((_, what)) = rest.split_once(": ").filter(|(_, w)| *w == "root node is invalid") {
+                l = format!("Problem in HTREE directory: {what}");
+            }
+        }
         // "File / (inode #2, mod time Wed Nov 25 13:48:47 2026)" in a report of shared
         // blocks: a change of that directory moves its time.
         if let Some(i) = l.find(", mod time ") {
@@ -629,10 +650,26 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
             l.push(')');
         }
         // "Inode 19, i_blocks is 2, should be 1701023190498146.": with a damaged
-        // xattr block e2fsck's figure is not even the same from run to run.
-        if let Some(i) = l.find(", should be ").filter(|_| l.contains(", i_blocks is ")) {
+        // xattr block e2fsck's figure is not even the same from run to run, and a
+        // write to a file whose count was already wrong moves both numbers.
+        for field in [", i_blocks is ", ", i_size is "] {
+            if let Some(i) = l.find(field) {
+                l.truncate(i + field.len() - 1);
+                l.push_str(" wrong");
+            }
+        }
+        // "... has an incorrect filetype (was 222, should be 1).": what it should be
+        // follows the inode the entry names, which a damaged entry may see change.
+        if let Some(i) = l.find(" has an incorrect filetype (") {
+            l.truncate(i + " has an incorrect filetype".len());
+        }
+        // "Unconnected directory inode 15 (was in /a/b/c)", "'..' in /a/b/c/d (15)
+        // is /a/b/c (14)": directories are named by paths that move with the names
+        // around them; the inode numbers stay.
+        if let Some(i) = l.find(" (was in ") {
             l.truncate(i);
         }
+        l = without_paths(&l);
         // "Inode 2 ref count is 4, should be 3.": a new name there moves both numbers.
         if let Some(i) = l.find(" ref count is ") {
             l.truncate(i + " ref count is".len());
@@ -648,29 +685,92 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
     Some(problems)
 }
 
+/// `line` with each path e2fsck names a directory by ("/a/b (14)", "... (15)",
+/// "??? (11)") cut down to its inode number ("(14)"). Quoted names stay.
+fn without_paths(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut quoted = false;
+    let words: Vec<&str> = line.split(' ').collect();
+    for (i, word) in words.iter().enumerate() {
+        quoted ^= word.matches('\'').count() % 2 == 1;
+        let next_is_number = words.get(i + 1).is_some_and(|n| {
+            n.strip_prefix('(')
+                .and_then(|n| n.split(')').next())
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        });
+        let path = word.starts_with('/') || word.starts_with("...") || word.starts_with("???");
+        if !quoted && path && next_is_number {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    out
+}
+
 /// The problems e2fsck reports after that it did not before, less those that follow
 /// from one already there: the superblock's free totals are the sums of the group
 /// counts (the kernel writes them so too), and removing a name of an inode whose
 /// links count was wrong leaves it unattached, or freed while another name remains
 /// (as the kernel's unlink would: it trusts the count), as does freeing an inode
-/// whose blocks e2fsck already found claimed twice.
+/// whose blocks e2fsck already found claimed twice; and freeing blocks claimed twice
+/// leaves the bitmap short of the other claimant's.
 pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
     let implied = |p: &str| {
         // A wrong superblock total follows from a wrong group count; an inode left
         // without names after an unlink, from a links count that was already wrong.
         let total = before.iter().any(|b| b.starts_with(&format!("{p} for group")));
         let count_was_wrong = |ino: &str| before.contains(&format!("Inode {ino} ref count is wrong"));
-        let unattached = p.strip_prefix("Unattached inode ").is_some_and(count_was_wrong);
+        let unattached = p
+            .strip_prefix("Unattached inode ")
+            .or_else(|| p.strip_prefix("Unattached zero-length inode ").and_then(|n| n.strip_suffix('.')))
+            .is_some_and(count_was_wrong);
         // ... or, the other way, freed with a name still naming it.
         // ... or when its blocks were shared with another inode's: freeing one frees
         // the other's too.
         let shared =
             |ino: &str| before.iter().any(|b| b.starts_with(&format!("Multiply-claimed block(s) in inode {ino}:")));
-        let freed = p
-            .strip_suffix('.')
-            .and_then(|p| p.rsplit_once(" has deleted/unused inode "))
-            .is_some_and(|(_, ino)| count_was_wrong(ino) || shared(ino));
-        total || unattached || freed
+        // ... or when another damaged entry already named that free inode: the
+        // allocator, trusting the bitmap, gave it to a new file, and the damaged
+        // entry's removal (or reuse) then acts on the new file.
+        let named_while_free = |ino: &str| {
+            before.iter().any(|b| {
+                b.ends_with(&format!(" has deleted/unused inode {ino}."))
+                    || b.contains(&format!(" references inode {ino} found in group"))
+            })
+        };
+        let unconnected = |dir: &str| before.contains(&format!("Unconnected directory inode {dir}"));
+        let freed = p.strip_suffix('.').and_then(|p| p.rsplit_once(" has deleted/unused inode ")).is_some_and(
+            |(entry, ino)| {
+                count_was_wrong(ino)
+                    || shared(ino)
+                    || named_while_free(ino)
+                    // The parent of a directory already cut off from the tree may be
+                    // removed as empty: its '..' then names a freed inode.
+                    || entry.strip_prefix("Entry '..' in (").and_then(|d| d.strip_suffix(')')).is_some_and(unconnected)
+            },
+        );
+        let recounted =
+            p.strip_prefix("Inode ").and_then(|p| p.strip_suffix(" ref count is wrong")).is_some_and(named_while_free);
+        // A block bitmap that no longer covers a block, when blocks were claimed
+        // twice: freeing one claimant's blocks frees the other's.
+        // So does a shared xattr block whose reference count was too high: the last
+        // inode using it takes a copy, and the old one keeps a count but no owner.
+        let bitmap = p == "Block bitmap differences:"
+            && before.iter().any(|b| {
+                b.starts_with("Multiply-claimed block(s) in inode ")
+                    || (b.starts_with("Extended attribute block ") && b.contains(" has reference count "))
+            });
+        // A name e2fsck already called a duplicate is reported again, in other
+        // words, once the directory around it has changed.
+        let duplicate =
+            p.strip_prefix("Entry '").and_then(|rest| rest.split_once("' in ")).is_some_and(|(name, rest)| {
+                rest.ends_with(" has a non-unique filename.")
+                    && before.contains(&format!("Duplicate entry '{name}' found."))
+            });
+        total || unattached || freed || recounted || bitmap || duplicate
     };
     after.difference(before).filter(|p| !implied(p)).cloned().collect()
 }
