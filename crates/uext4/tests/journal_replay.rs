@@ -129,3 +129,61 @@ fn journal_superblock_round_trips_as_the_kernel_wrote_it() {
     damaged[0x18] ^= 1;
     assert!(JournalSuperblock::parse(&damaged).unwrap_err().to_string().contains("checksum"));
 }
+
+/// Fast commits (mkfs -O fast_commit) hold what fsync made durable after the last
+/// full commit, as ext4 tag records in an area after the log. uext4 does not
+/// replay them; it must refuse the image rather than drop them, which lost the
+/// fsync'd file without a word before (the probe looked for jbd2's magic, which
+/// fast-commit blocks never carry, one block early). Once the kernel has
+/// recovered the image, uext4 reads what was fsync'd.
+#[test]
+fn fast_commits_the_kernel_left_are_refused_not_dropped() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("live.img");
+    oracle::run(
+        Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", "fast_commit"]).arg(&image).arg("128M"),
+    );
+    let copy = dir.path().join("copy.img");
+    {
+        let m = oracle::Mount::new(&image, "commit=600");
+        std::fs::create_dir(m.dir.join("d")).unwrap();
+        std::fs::write(m.dir.join("d/base"), b"base\n").unwrap();
+        oracle::run(&mut Command::new("sync"));
+        // fsync after the full commit: the kernel writes a fast commit, not a transaction.
+        let mut f = std::fs::File::create(m.dir.join("d/fsynced")).unwrap();
+        std::io::Write::write_all(&mut f, &[b'x'; 1700]).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        oracle::run(Command::new("cp").arg("--sparse=always").arg(&image).arg(&copy));
+        m.unmount();
+    }
+    assert!(needs_recovery(&copy), "the copy's journal should need recovery");
+    let logdump = oracle::run(Command::new("debugfs").args(["-R", "logdump"]).arg(&copy));
+    assert!(
+        logdump.contains("tag HEAD") && logdump.contains("name \"fsynced"),
+        "no fast commit in the copy:\n{logdump}"
+    );
+
+    let before = sha_file(&copy);
+    for read_only in [true, false] {
+        let opts = Options { read_only, ..Options::default() };
+        match Filesystem::open(&copy, opts) {
+            Err(e @ uext4::Error::Unsupported { .. }) => {
+                assert!(e.to_string().contains("fast commits"), "{e}")
+            }
+            Err(e) => panic!("read_only {read_only}: refused with {e:?}, not as unsupported"),
+            Ok(_) => panic!("read_only {read_only}: opened, dropping the fast commit"),
+        }
+    }
+    assert_eq!(sha_file(&copy), before, "a refused open changed the image");
+
+    // The kernel's recovery replays the fast commit; uext4 then reads its file.
+    oracle::Mount::new(&copy, "").unmount();
+    let fs = Filesystem::open(&copy, Options::default()).expect("open after the kernel's recovery");
+    let d = fs.lookup(ROOT_INO, b"d").unwrap().expect("/d");
+    let ino = fs.lookup(d, b"fsynced").unwrap().expect("the fsync'd file, replayed by the kernel");
+    assert_eq!(fs.stat(ino).unwrap().size, 1700);
+}

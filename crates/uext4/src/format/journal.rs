@@ -380,6 +380,24 @@ pub fn build_descriptor(jsb: &JournalSuperblock, sequence: u32, tags: &[BlockTag
     b
 }
 
+/// The tag that opens a fast commit (ext4's fast_commit.h): its value holds the
+/// fast-commit features (le32) and the id of the transaction the fast commits
+/// follow (le32). Fast-commit blocks are ext4's tag-length-value records, not
+/// jbd2 blocks: they carry no journal magic.
+pub const EXT4_FC_TAG_HEAD: u16 = 0x0009;
+
+/// The transaction id a fast-commit area's first block names, if that block opens
+/// with a well-formed head tag. The kernel replays the area only when this id is
+/// the one after the last full commit the log holds.
+pub fn fast_commit_head_tid(block: &[u8]) -> Option<u32> {
+    let tag = u16::from_le_bytes(block.get(0..2)?.try_into().ok()?);
+    let len = u16::from_le_bytes(block.get(2..4)?.try_into().ok()?);
+    if tag != EXT4_FC_TAG_HEAD || len < 8 {
+        return None;
+    }
+    Some(u32::from_le_bytes(block.get(8..12)?.try_into().ok()?))
+}
+
 /// A revoke block listing `blocks` (at most `revokes_per_block`).
 pub fn build_revoke(jsb: &JournalSuperblock, sequence: u32, blocks: &[u64]) -> Vec<u8> {
     let mut b = vec![0u8; jsb.s_blocksize as usize];

@@ -78,12 +78,19 @@ pub fn recover(read_jblock: &mut dyn FnMut(u32) -> Result<Vec<u8>>) -> Result<Re
     one_pass(&mut log, Pass::Replay, Some(end), &mut revoked, &mut replay)?;
     replay.transactions = end.wrapping_sub(log.jsb.s_sequence);
     replay.next_sequence = end;
-    if log.jsb.has_incompat(JBD2_FEATURE_INCOMPAT_FAST_COMMIT) && replay.transactions > 0 {
-        // Fast-commit blocks after the last full commit would need ext4-level replay.
-        let probe = log.block(last)?;
-        if BlockHeader::parse(&probe).h_magic != 0 {
-            return Err(Error::unsupported("replaying fast-commit journal blocks"));
-        }
+    // Fast commits made after the last full commit hold changes fsync made
+    // durable; replaying them is ext4's work (fs/ext4/fast_commit.c), which uext4
+    // does not do. Dropping them would lose those changes without a word, so the
+    // open is refused, whether or not full transactions precede them.
+    // The area starts one block past the log's end (jbd2's j_fc_first = j_last + 1).
+    if log.jsb.has_incompat(JBD2_FEATURE_INCOMPAT_FAST_COMMIT)
+        && last + 1 < log.jsb.s_maxlen
+        && fast_commit_head_tid(&log.block(last + 1)?) == Some(end)
+    {
+        return Err(Error::unsupported(
+            "the journal holds fast commits (changes fsync made durable after the last full commit), which \
+             uext4 cannot replay; let the kernel recover the image (mount it once) or run e2fsck -fy, then retry",
+        ));
     }
     Ok(replay)
 }
