@@ -555,6 +555,9 @@ pub fn make(dev: &dyn BlockDevice, opts: &MkfsOptions, zeroed: bool) -> Result<S
     let uninit = metadata_csum || features[2] & RO_COMPAT_GDT_CSUM != 0;
     let flex = features[1] & INCOMPAT_FLEX_BG != 0;
     let extents = features[1] & INCOMPAT_EXTENTS != 0;
+    // Without `filetype` the byte after name_len is the high byte of a 16-bit
+    // name_len, so the entries of the root and lost+found carry 0 there.
+    let dir_type = if features[1] & INCOMPAT_FILETYPE != 0 { EXT4_FT_DIR } else { 0 };
     let has_journal = features[0] & COMPAT_HAS_JOURNAL != 0;
 
     // The superblock first: other structures' checksums depend on its seed.
@@ -682,9 +685,9 @@ pub fn make(dev: &dyn BlockDevice, opts: &MkfsOptions, zeroed: bool) -> Result<S
     root.i_blocks = (1 + extra) * sectors;
     let tail = if metadata_csum { dirent::DIRENT_TAIL_LEN } else { 0 };
     let mut blk = vec![0u8; bs];
-    dirent::write_entry(&mut blk, 0, ROOT_INO, 12, EXT4_FT_DIR, b".", bs);
-    dirent::write_entry(&mut blk, 12, ROOT_INO, 12, EXT4_FT_DIR, b"..", bs);
-    dirent::write_entry(&mut blk, 24, LOST_FOUND_INO, bs - 24 - tail, EXT4_FT_DIR, b"lost+found", bs);
+    dirent::write_entry(&mut blk, 0, ROOT_INO, 12, dir_type, b".", bs);
+    dirent::write_entry(&mut blk, 12, ROOT_INO, 12, dir_type, b"..", bs);
+    dirent::write_entry(&mut blk, 24, LOST_FOUND_INO, bs - 24 - tail, dir_type, b"lost+found", bs);
     if let Some(s) = fs_seed {
         dirent::set_tail(&mut blk, inode_csum_seed(s, ROOT_INO, 0));
     }
@@ -703,8 +706,8 @@ pub fn make(dev: &dyn BlockDevice, opts: &MkfsOptions, zeroed: bool) -> Result<S
     for i in 0..lpf_len {
         let mut blk = vec![0u8; bs];
         if i == 0 {
-            dirent::write_entry(&mut blk, 0, LOST_FOUND_INO, 12, EXT4_FT_DIR, b".", bs);
-            dirent::write_entry(&mut blk, 12, ROOT_INO, bs - 12 - tail, EXT4_FT_DIR, b"..", bs);
+            dirent::write_entry(&mut blk, 0, LOST_FOUND_INO, 12, dir_type, b".", bs);
+            dirent::write_entry(&mut blk, 12, ROOT_INO, bs - 12 - tail, dir_type, b"..", bs);
         } else {
             dirent::write_entry(&mut blk, 0, 0, bs - tail, 0, b"", bs);
         }
