@@ -33,13 +33,18 @@ fn needs_recovery(image: &Path) -> bool {
 }
 
 fn replay_case(mkfs_args: &[&str]) {
+    replay_case_mounted(mkfs_args, "commit=300");
+}
+
+/// `replay_case` with the kernel mounting with `options`.
+fn replay_case_mounted(mkfs_args: &[&str], options: &str) {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("live.img");
     oracle::run(Command::new("mkfs.ext4").args(["-q", "-F"]).args(mkfs_args).arg(&image).arg("64M"));
     let copy = dir.path().join("copy.img");
     {
         // A long commit interval keeps the kernel from checkpointing before the copy.
-        let m = oracle::Mount::new(&image, "commit=300");
+        let m = oracle::Mount::new(&image, options);
         for d in 0..4 {
             let sub = m.dir.join(format!("dir{d}"));
             std::fs::create_dir(&sub).unwrap();
@@ -101,6 +106,57 @@ fn uext4_sees_what_e2fsck_recovers_from_a_kernel_journal() {
     replay_case(&["-b", "4096"]);
     replay_case(&["-O", "^metadata_csum"]);
     replay_case(&["-O", "^64bit"]);
+    // Async commits with v3 checksums: each replayed block's tag checksum stands
+    // for the commit block's ordering.
+    replay_case_mounted(&[], "commit=300,journal_async_commit,data=writeback");
+}
+
+/// A journal the kernel wrote with `journal_async_commit`. Clean, it takes uext4's
+/// writes, which clear the async-commit and v1-checksum features as the kernel's
+/// mount without those options does. Needing recovery with only v1 (crc32)
+/// commit checksums, which uext4 does not check, it is refused by name and left
+/// as it was.
+#[test]
+fn async_commit_journals_are_written_or_refused_by_name() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("async.img");
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-O", "^metadata_csum"]).arg(&image).arg("64M"));
+    let copy = dir.path().join("crash.img");
+    {
+        let m = oracle::Mount::new(&image, "commit=300,journal_async_commit,data=writeback");
+        std::fs::write(m.dir.join("f"), b"written with async commits").unwrap();
+        oracle::run(&mut Command::new("sync"));
+        oracle::run(Command::new("cp").arg("--sparse=always").arg(&image).arg(&copy));
+        m.unmount();
+    }
+    let features = |img: &Path| oracle::dumpe2fs_field(img, "Journal features").unwrap();
+    assert!(features(&image).contains("journal_async_commit"), "{}", features(&image));
+    assert!(needs_recovery(&copy));
+
+    let before = sha_file(&copy);
+    for read_only in [true, false] {
+        match Filesystem::open(&copy, Options { read_only, ..Options::default() }) {
+            Err(e @ uext4::Error::Unsupported { .. }) => assert!(e.to_string().contains("journal_async_commit"), "{e}"),
+            Err(e) => panic!("read_only {read_only}: refused with {e:?}, not as unsupported"),
+            Ok(_) => panic!("read_only {read_only}: replayed an async-commit journal without checking it"),
+        }
+    }
+    assert_eq!(sha_file(&copy), before, "a refused open changed the image");
+
+    {
+        let fs = Filesystem::open(&image, Options { read_only: false, ..Options::default() }).expect("writable open");
+        fs.mkdir(ROOT_INO, b"by-uext4", 0o755, uext4::Owner { uid: 0, gid: 0 }).unwrap();
+    }
+    let after = features(&image);
+    assert!(!after.contains("journal_async_commit") && !after.contains("journal_checksum"), "{after}");
+    oracle::assert_e2fsck_clean(&image);
+    let m = oracle::Mount::new(&image, "");
+    assert_eq!(std::fs::read(m.dir.join("f")).unwrap(), b"written with async commits");
+    assert!(m.dir.join("by-uext4").is_dir());
+    m.unmount();
 }
 
 #[test]

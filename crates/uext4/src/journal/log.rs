@@ -277,11 +277,13 @@ impl Journal {
         }
         let known = JBD2_FEATURE_INCOMPAT_REVOKE
             | JBD2_FEATURE_INCOMPAT_64BIT
+            | JBD2_FEATURE_INCOMPAT_ASYNC_COMMIT
             | JBD2_FEATURE_INCOMPAT_CSUM_V2
             | JBD2_FEATURE_INCOMPAT_CSUM_V3
             | JBD2_FEATURE_INCOMPAT_FAST_COMMIT;
-        if jsb.s_feature_incompat & !known != 0 {
-            return Err(Error::unsupported(format!("journal incompat features {:#x}", jsb.s_feature_incompat)));
+        let unknown = jsb.s_feature_incompat & !known;
+        if unknown != 0 {
+            return Err(Error::unsupported(format!("journal incompat features {unknown:#x}, unknown to uext4")));
         }
         let before = jsb.clone();
         if jsb.s_errno != 0 {
@@ -289,6 +291,12 @@ impl Journal {
             jsb.s_errno = 0;
         }
         jsb.s_feature_incompat |= JBD2_FEATURE_INCOMPAT_REVOKE;
+        // uext4 writes each commit block after its transaction's blocks and no v1
+        // (crc32) commit checksum: as the kernel's mount without the
+        // journal_async_commit and journal_checksum options does, it clears the
+        // features a previous mount with them left.
+        jsb.s_feature_incompat &= !JBD2_FEATURE_INCOMPAT_ASYNC_COMMIT;
+        jsb.s_feature_compat &= !JBD2_FEATURE_COMPAT_CHECKSUM;
         if want_64bit {
             jsb.s_feature_incompat |= JBD2_FEATURE_INCOMPAT_64BIT;
         }

@@ -74,6 +74,19 @@ pub fn recover(read_jblock: &mut dyn FnMut(u32) -> Result<Vec<u8>>) -> Result<Re
     let mut log = Log { jsb, read: read_jblock, last };
     let mut revoked: HashMap<u64, u32> = HashMap::new();
     let end = one_pass(&mut log, Pass::Scan, None, &mut revoked, &mut replay)?;
+    // With async commits a commit block may reach the disk before its
+    // transaction's blocks. Per-block tag checksums (v2, v3) catch a block that
+    // did not; a v1 journal keeps one crc32 over the transaction in its commit
+    // block instead, which uext4 does not check.
+    if log.jsb.has_incompat(JBD2_FEATURE_INCOMPAT_ASYNC_COMMIT)
+        && !log.jsb.has_csum_v2_or_v3()
+        && end != log.jsb.s_sequence
+    {
+        return Err(Error::unsupported(
+            "replaying a journal written with journal_async_commit and v1 checksums; let the kernel recover \
+             the image (mount it once) or run e2fsck -fy, then retry",
+        ));
+    }
     one_pass(&mut log, Pass::Revoke, Some(end), &mut revoked, &mut replay)?;
     one_pass(&mut log, Pass::Replay, Some(end), &mut revoked, &mut replay)?;
     replay.transactions = end.wrapping_sub(log.jsb.s_sequence);
