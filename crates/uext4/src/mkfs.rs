@@ -126,11 +126,17 @@ fn apply_features(edits: &[String]) -> Result<[u32; 3]> {
             None => (true, edit),
         };
         let name = if name == "extents" { "extent" } else { name };
-        let &(w, bit, _) = FEATURE_NAMES
-            .iter()
-            .find(|(_, _, n)| *n == name)
-            .filter(|_| MKFS_FEATURES.contains(&name))
-            .ok_or_else(|| Error::unsupported(format!("mkfs feature '{name}'")))?;
+        let Some(&(w, bit, _)) = FEATURE_NAMES.iter().find(|(_, _, n)| *n == name) else {
+            return Err(Error::Invalid(format!("unknown filesystem feature '{name}'")));
+        };
+        if !MKFS_FEATURES.contains(&name) {
+            // A feature uext4 cannot make is never on: turning it off is what
+            // mkfs.ext4 users write (^resize_inode, ^orphan_file) and changes nothing.
+            if on {
+                return Err(Error::unsupported(format!("mkfs feature '{name}'")));
+            }
+            continue;
+        }
         // FEATURE_NAMES words are compat, incompat, ro_compat in that order.
         if on {
             words[w as usize] |= bit;

@@ -43,6 +43,16 @@ fn unknown_incompat_feature_refuses_and_names_it() {
     oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-O", "casefold"]).arg(&image2).arg("16M"));
     let err = Filesystem::open(&image2, Options::default()).err().expect("casefold must be refused");
     assert!(err.to_string().contains("casefold"), "{err}");
+    // An external journal device carries an ext4 superblock but is no filesystem:
+    // named as what it is, not called corrupt (it said "0 inodes per group").
+    let journal = dir.path().join("journal.img");
+    oracle::run(
+        Command::new("mkfs.ext4").args(["-q", "-F", "-O", "journal_dev", "-b", "4096"]).arg(&journal).arg("16M"),
+    );
+    match Filesystem::open(&journal, Options::default()) {
+        Err(e @ Error::Unsupported { .. }) => assert!(e.to_string().contains("external journal device"), "{e}"),
+        other => panic!("journal_dev: expected Unsupported, got {:?}", other.map(|_| ())),
+    }
 }
 
 #[test]

@@ -288,6 +288,13 @@ impl Superblock {
         if self.s_magic != EXT4_SUPER_MAGIC {
             return bad(format!("bad magic {:#06x}, not an ext2/3/4 filesystem", self.s_magic));
         }
+        // mkfs.ext4 -O journal_dev writes an ext4 superblock on an external journal
+        // (no groups, no inodes): it is not a filesystem, and is no corrupt one.
+        if self.s_feature_incompat & INCOMPAT_JOURNAL_DEV != 0 {
+            return Err(Error::unsupported(
+                "this is an external journal device (journal_dev), not a filesystem; open the filesystem that uses it",
+            ));
+        }
         if self.has_ro_compat(RO_COMPAT_METADATA_CSUM) && verify_checksum {
             if self.s_checksum_type != 1 {
                 return bad(format!("unknown checksum type {}", self.s_checksum_type));
