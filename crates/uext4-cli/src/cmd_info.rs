@@ -7,6 +7,8 @@
 //! only reported. The exit status is 0 whenever a superblock could be shown, and 1
 //! only when there is none to show (a short file, no ext2/3/4 magic, an I/O error).
 //! Every value is computed with checked arithmetic: the superblock may be hostile.
+//! The journal's lines (its features, size, sequence and start) are shown when the
+//! image opens, read from the journal inode's first block.
 
 use crate::show::{escape, CliResult, Failure};
 use crate::target::{open_ro, OpenArgs};
@@ -49,7 +51,9 @@ pub fn run(a: InfoArgs) -> CliResult<()> {
             if fs.read_only_reason() != "opened read-only" {
                 notes.push(("Read-only", fs.read_only_reason().to_string()));
             }
-            (fs.superblock(), notes)
+            let sb = fs.superblock();
+            notes.extend(journal_fields(&fs, &sb));
+            (sb, notes)
         }
         Err(refused) => {
             let (sb, problem) = read_superblock(&a.image).map_err(|e| Failure::refused(format!("info: {e}")))?;
@@ -66,6 +70,52 @@ pub fn run(a: InfoArgs) -> CliResult<()> {
         println!("{:<26}{}", format!("{k}:"), escape(v.as_bytes()));
     }
     Ok(())
+}
+
+/// dumpe2fs -h's journal lines, from the journal inode's superblock (nothing when
+/// the journal is external or its first block does not parse).
+fn journal_fields(fs: &uext4::Filesystem, sb: &Superblock) -> Vec<(&'static str, String)> {
+    use uext4::format::journal::JournalSuperblock;
+    if sb.s_feature_compat & COMPAT_HAS_JOURNAL == 0 || sb.s_journal_inum == 0 {
+        return Vec::new();
+    }
+    let mut raw = vec![0u8; fs.geometry().block_size];
+    let Ok(jsb) = fs.read(sb.s_journal_inum, 0, &mut raw).and_then(|_| JournalSuperblock::parse(&raw)) else {
+        return Vec::new();
+    };
+    let mut features = journal_feature_names(jsb.s_feature_compat, &[(0x1, "journal_checksum")], 'C');
+    features.extend(journal_feature_names(
+        jsb.s_feature_incompat,
+        &[
+            (0x1, "journal_incompat_revoke"),
+            (0x2, "journal_64bit"),
+            (0x4, "journal_async_commit"),
+            (0x8, "journal_checksum_v2"),
+            (0x10, "journal_checksum_v3"),
+        ],
+        'I',
+    ));
+    let features = if features.is_empty() { "(none)".to_string() } else { features.join(" ") };
+    vec![
+        ("Journal features", features),
+        ("Total journal blocks", jsb.s_maxlen.to_string()),
+        ("Journal sequence", format!("{:#010x}", jsb.s_sequence)),
+        ("Journal start", jsb.s_start.to_string()),
+    ]
+}
+
+/// The names of the bits set in a journal feature word: e2p's, and a bit it does
+/// not know as it shows one (FEATURE_I5).
+fn journal_feature_names(word: u32, known: &[(u32, &str)], letter: char) -> Vec<String> {
+    (0..32)
+        .filter(|b| word & (1u32 << b) != 0)
+        .map(|b| {
+            known
+                .iter()
+                .find(|&&(m, _)| m == 1u32 << b)
+                .map_or_else(|| format!("FEATURE_{letter}{b}"), |&(_, n)| n.into())
+        })
+        .collect()
 }
 
 /// The primary superblock straight from the image, and what is wrong with it if

@@ -118,14 +118,25 @@ fn info_matches_dumpe2fs_and_reading_commands_match_the_source() {
     let i = image.to_str().unwrap();
     let info = ok(&["info", i]);
     let dump = run(Command::new("dumpe2fs").arg("-h").arg(&image));
-    for field in ["Filesystem UUID", "Filesystem features", "Inode count", "Block count", "Free blocks", "Free inodes"]
-    {
+    for field in [
+        "Filesystem UUID",
+        "Filesystem features",
+        "Inode count",
+        "Block count",
+        "Free blocks",
+        "Free inodes",
+        "Journal features",
+        "Total journal blocks",
+        "Journal sequence",
+        "Journal start",
+    ] {
         let pick = |text: &str| {
             text.lines()
                 .find(|l| l.starts_with(&format!("{field}:")))
                 .map(|l| l.split_once(':').unwrap().1.trim().to_string())
         };
         assert_eq!(pick(&info), pick(&dump), "{field}");
+        assert!(pick(&info).is_some(), "{field} missing from uext4 info");
     }
     assert!(info.contains("clitest"));
 
