@@ -598,8 +598,20 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let shown = path.display().to_string();
     let mut problems = BTreeSet::new();
+    let mut last: Option<String> = None;
     for line in text.lines() {
         let mut l = line.replace(&shown, "IMAGE").trim().to_string();
+        // "(logical block 0, physical block 1420, len 166)" details the extent of
+        // the problem on the line before: one problem, one line.
+        if l.starts_with("(logical block ") {
+            if let Some(p) = last.take() {
+                problems.remove(&p);
+                let joined = format!("{p} {l}");
+                problems.insert(joined.clone());
+                last = Some(joined);
+            }
+            continue;
+        }
         if let Some(i) = l.rfind("  ").filter(|_| l.ends_with("? no") || l.ends_with("? yes")) {
             l.truncate(i);
         }
@@ -689,7 +701,8 @@ pub fn e2fsck_problems_within(image: &[u8], secs: u32) -> Option<BTreeSet<String
                 l.truncate(i);
             }
         }
-        problems.insert(l);
+        problems.insert(l.clone());
+        last = Some(l);
     }
     Some(problems)
 }
@@ -725,8 +738,18 @@ fn without_paths(line: &str) -> String {
 /// links count was wrong leaves it unattached, or freed while another name remains
 /// (as the kernel's unlink would: it trusts the count), as does freeing an inode
 /// whose blocks e2fsck already found claimed twice; and freeing blocks claimed twice
-/// leaves the bitmap short of the other claimant's.
+/// leaves the bitmap short of the other claimant's. More such rules below, each
+/// with the damage it follows from.
 pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<String> {
+    // e2fsck bounds a file's extents by its size only when the size is at least
+    // one block long: a size the damage made too short, grown by a write or a
+    // truncate, brings the extents the file already had under that bound.
+    let bounded_inodes: Vec<&str> = after
+        .iter()
+        .filter_map(|p| p.strip_prefix("Inode ")?.split_once(", end of extent exceeds allowed value"))
+        .map(|(ino, _)| ino)
+        .filter(|ino| before.contains(&format!("Inode {ino}, i_size is wrong")))
+        .collect();
     let implied = |p: &str| {
         // A wrong superblock total follows from a wrong group count; an inode left
         // without names after an unlink, from a links count that was already wrong.
@@ -779,7 +802,16 @@ pub fn new_problems(before: &BTreeSet<String>, after: &BTreeSet<String>) -> Vec<
                 rest.ends_with(" has a non-unique filename.")
                     && before.contains(&format!("Duplicate entry '{name}' found."))
             });
-        total || unattached || freed || recounted || bitmap || duplicate
+        // e2fsck bounds a file's extents by its size only when the size is at
+        // least one block long: a size the damage made too short, grown by a
+        // write or truncate, brings the extents it already had under that bound.
+        // What e2fsck would then do to those extents (free them) is reported too:
+        // the inode's block count and tree depth, and the bitmap.
+        let bounded = bounded_inodes
+            .iter()
+            .any(|ino| p.starts_with(&format!("Inode {ino},")) || p.starts_with(&format!("Inode {ino} ")))
+            || (p == "Block bitmap differences:" && !bounded_inodes.is_empty());
+        total || unattached || freed || recounted || bitmap || duplicate || bounded
     };
     after.difference(before).filter(|p| !implied(p)).cloned().collect()
 }
