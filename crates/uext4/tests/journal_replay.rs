@@ -199,11 +199,14 @@ fn fast_commits_the_kernel_left_are_refused_not_dropped() {
     }
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("live.img");
-    oracle::run(
-        Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", "fast_commit"]).arg(&image).arg("128M"),
-    );
     let copy = dir.path().join("copy.img");
-    {
+    // The kernel may fall back to a full commit for the fsync (it did once in a
+    // loaded CI run: a head tag, then transaction 3 in the log); try again then.
+    let mut logdump = String::new();
+    for _attempt in 0..5 {
+        oracle::run(
+            Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096", "-O", "fast_commit"]).arg(&image).arg("128M"),
+        );
         let m = oracle::Mount::new(&image, "commit=600");
         std::fs::create_dir(m.dir.join("d")).unwrap();
         std::fs::write(m.dir.join("d/base"), b"base\n").unwrap();
@@ -215,12 +218,15 @@ fn fast_commits_the_kernel_left_are_refused_not_dropped() {
         drop(f);
         oracle::run(Command::new("cp").arg("--sparse=always").arg(&image).arg(&copy));
         m.unmount();
+        logdump = oracle::run(Command::new("debugfs").args(["-R", "logdump"]).arg(&copy));
+        if logdump.contains("name \"fsynced") {
+            break;
+        }
     }
     assert!(needs_recovery(&copy), "the copy's journal should need recovery");
-    let logdump = oracle::run(Command::new("debugfs").args(["-R", "logdump"]).arg(&copy));
     assert!(
         logdump.contains("tag HEAD") && logdump.contains("name \"fsynced"),
-        "no fast commit in the copy:\n{logdump}"
+        "no fast commit in the copy in five tries:\n{logdump}"
     );
 
     let before = sha_file(&copy);
