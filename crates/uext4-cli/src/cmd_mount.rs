@@ -302,13 +302,13 @@ pub fn mount(a: MountArgs) -> Result<()> {
     }
 }
 
-/// The abstract Unix socket on which the daemon serving an image tells
-/// `uext4 umount` how it ended, named by the image's device and inode.
-fn ending_socket(image: &Path) -> std::io::Result<std::os::unix::net::SocketAddr> {
+/// The abstract Unix socket on which the daemon serving a mount tells `uext4
+/// umount` how it ended, named by the mount's device number (mountinfo's
+/// major:minor): the mount, not the image path, which may since have been
+/// renamed, removed or replaced by another image.
+fn ending_socket(mount: &MountEntry) -> std::io::Result<std::os::unix::net::SocketAddr> {
     use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(image)?;
-    std::os::unix::net::SocketAddr::from_abstract_name(format!("uext4-daemon-{}-{}", meta.dev(), meta.ino()))
+    std::os::unix::net::SocketAddr::from_abstract_name(format!("uext4-mount-{}", mount.device))
 }
 
 /// Those waiting to hear how the daemon ended: `umount` connects before it
@@ -318,12 +318,20 @@ fn ending_socket(image: &Path) -> std::io::Result<std::os::unix::net::SocketAddr
 struct Listeners(Arc<parking_lot::Mutex<Vec<std::os::unix::net::UnixStream>>>);
 
 impl Listeners {
-    /// Accepts listeners on the image's socket for as long as the daemon lives.
-    fn start(image: &Path) -> Listeners {
-        let listeners = Listeners::default();
-        // The name is the image's: the daemon of a previous mount of it may be
-        // a moment from exiting (it lets go of the image's lock first).
-        let bind = || ending_socket(image).and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
+    /// Accepts listeners on the socket of the mount at `mountpoint`, once it is
+    /// up, for as long as the daemon lives.
+    fn start(&self, mountpoint: &Path) {
+        let listeners = self.clone();
+        let mount = match mounted_here(mountpoint) {
+            Ok(m) => m,
+            Err(e) => {
+                report(&format!("umount will not hear how this mount ends: {e}"));
+                return;
+            }
+        };
+        // A device number is reused once its mount is gone: the daemon of an
+        // earlier mount may be a moment from exiting.
+        let bind = || ending_socket(&mount).and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
         let mut bound = bind();
         let deadline = Instant::now() + Duration::from_secs(5);
         while bound.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::AddrInUse) && Instant::now() < deadline {
@@ -334,10 +342,10 @@ impl Listeners {
             Ok(s) => s,
             Err(e) => {
                 report(&format!("umount will not hear how this mount ends: {e}"));
-                return listeners;
+                return;
             }
         };
-        let list = listeners.clone();
+        let list = listeners;
         let spawned = std::thread::Builder::new().name("uext4-ending".into()).spawn(move || {
             for stream in socket.incoming().flatten() {
                 let mut waiting = list.0.lock();
@@ -351,13 +359,13 @@ impl Listeners {
         if let Err(e) = spawned {
             report(&format!("umount will not hear how this mount ends: {e}"));
         }
-        listeners
     }
 
-    /// `offset`: where the filesystem starts in the image, for umount's check.
-    fn tell(&self, ended: &Result<()>, offset: u64) {
+    /// `offset`: where the filesystem starts in the image, and `image`: the
+    /// image's device and inode, for umount's check of it.
+    fn tell(&self, ended: &Result<()>, offset: u64, image: (u64, u64)) {
         let text = match ended {
-            Ok(()) => format!("clean offset={offset}\n"),
+            Ok(()) => format!("clean offset={offset} image={}:{}\n", image.0, image.1),
             Err(e) => format!("failed: {e}\n"),
         };
         for mut stream in self.0.lock().drain(..) {
@@ -410,10 +418,14 @@ fn serve(
             abort_connection(&stop_target);
         });
     }));
-    let listeners = Listeners::start(image);
+    let listeners = Listeners::default();
     let offset = config.opts.region.locate(&dev).map_or(0, |(start, _)| start);
-    let ended = serve_session(image, dev, mountpoint, config, status, signals);
-    listeners.tell(&ended, offset);
+    let identity = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(image).map_or((0, 0), |m| (m.dev(), m.ino()))
+    };
+    let ended = serve_session(image, dev, mountpoint, config, status, signals, &listeners);
+    listeners.tell(&ended, offset, identity);
     ended
 }
 
@@ -424,6 +436,7 @@ fn serve_session(
     config: MountConfig,
     status: &mut Option<File>,
     signals: libc::sigset_t,
+    listeners: &Listeners,
 ) -> Result<()> {
     let read_only = config.opts.read_only;
     let dev: Arc<dyn BlockDevice> = match std::env::var_os("UEXT4_TEST_FLUSH_GATE") {
@@ -484,6 +497,7 @@ fn serve_session(
     let signal_target = target.clone();
     let served = crate::fuse::run(server.clone(), dev, &session, || {
         raise_readahead(&target, spliced_read_max.unwrap_or(crate::fuse::MAX_WRITE));
+        listeners.start(&target);
         if let Some(mut told) = status.take() {
             let _ = writeln!(told, "mounted");
             detach_stdio();
@@ -768,22 +782,54 @@ fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
     )))
 }
 
-/// The image behind a uext4 mount at `mountpoint`, from /proc/self/mountinfo.
-fn mounted_image(mountpoint: &Path) -> Result<PathBuf> {
+/// The mount on top at a mount point, from /proc/self/mountinfo.
+struct MountEntry {
+    /// The mount's device, "major:minor".
+    device: String,
+    fstype: String,
+    /// For a uext4 mount, the image as it was named when mounted.
+    source: PathBuf,
+    read_only: bool,
+}
+
+/// The mount on top at `mountpoint`: of several stacked there, the last one
+/// mountinfo lists (a later mount covers an earlier one), the one umount(2) takes.
+fn top_mount(mountpoint: &Path) -> Result<MountEntry> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
     let want = mountpoint.as_os_str().as_bytes();
+    let mut top = None;
     for line in info.lines() {
         let Some((left, right)) = line.split_once(" - ") else { continue };
-        let at = left.split(' ').nth(4).map(unescape);
-        let mut rest = right.split(' ');
-        let (fstype, source) = (rest.next(), rest.next().map(unescape));
-        if at.as_deref() == Some(want) && fstype == Some("fuse.uext4") {
-            if let Some(source) = source {
-                return Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&source)));
-            }
+        let fields: Vec<&str> = left.split(' ').collect();
+        if fields.len() < 6 || unescape(fields[4]) != want {
+            continue;
         }
+        let mut rest = right.split(' ');
+        let (fstype, source) = (rest.next().unwrap_or(""), rest.next().map(unescape).unwrap_or_default());
+        top = Some(MountEntry {
+            device: fields[2].to_string(),
+            fstype: fstype.to_string(),
+            source: PathBuf::from(std::ffi::OsStr::from_bytes(&source)),
+            read_only: fields[5].split(',').any(|o| o == "ro"),
+        });
     }
-    Err(Error::NotFound(format!("{} is not a uext4 mount", mountpoint.display())))
+    top.ok_or_else(|| Error::NotFound(format!("{} is not a mount point", mountpoint.display())))
+}
+
+/// The uext4 mount on top at `mountpoint`; another filesystem mounted over it is
+/// refused by name, so that nothing but a uext4 mount is ever unmounted here.
+fn mounted_here(mountpoint: &Path) -> Result<MountEntry> {
+    let top =
+        top_mount(mountpoint).map_err(|_| Error::NotFound(format!("{} is not a uext4 mount", mountpoint.display())))?;
+    if top.fstype != "fuse.uext4" {
+        return Err(Error::Invalid(format!(
+            "the mount on top at {} is {} ({}), not uext4's; unmount it first",
+            mountpoint.display(),
+            top.fstype,
+            top.source.display()
+        )));
+    }
+    Ok(top)
 }
 
 /// The uext4 mount holding host path `path` (its deepest mount point above
@@ -814,15 +860,6 @@ pub(crate) fn remove_tree_in_mount(parent: &Path, name: &[u8]) -> std::io::Resul
     set_xattr(parent, crate::fuse::REMOVE_TREE_XATTR, name)
 }
 
-/// Whether the uext4 mount at `mountpoint` is read-only (mountinfo's per-mount options).
-fn mounted_read_only(mountpoint: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let want = mountpoint.as_os_str().as_bytes();
-    info.lines()
-        .map(|l| l.split(' ').collect::<Vec<_>>())
-        .any(|f| f.len() > 5 && unescape(f[4]) == want && f[5].split(',').any(|o| o == "ro"))
-}
-
 /// mountinfo escapes space, tab, newline and backslash as \ooo.
 fn unescape(field: &str) -> Vec<u8> {
     let b = field.as_bytes();
@@ -847,9 +884,9 @@ fn unescape(field: &str) -> Vec<u8> {
 pub fn umount(a: UmountArgs) -> Result<()> {
     let mountpoint =
         a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
-    let image = mounted_image(&mountpoint)?;
-    let read_only = mounted_read_only(&mountpoint);
-    let daemon = ending_socket(&image).and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
+    let mount = mounted_here(&mountpoint)?;
+    let image = mount.source.clone();
+    let daemon = ending_socket(&mount).and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
     let Ok(mut daemon) = daemon else {
         // Nobody serves the mount: take the dead mount away, and say what it cost.
         let _ = unmount(&mountpoint, true);
@@ -860,6 +897,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             image.display()
         )));
     };
+    let daemon_pid = peer_pid(&daemon);
     unmount(&mountpoint, false)?;
     let started = Instant::now();
     let mut ending = String::new();
@@ -889,18 +927,42 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     if let Some(why) = ending.strip_prefix("failed: ") {
         return Err(Error::Invalid(format!("the uext4 daemon serving {} failed: {why}", image.display())));
     }
-    // The daemon holds the image's lock until its process ends.
-    let file = File::open(&image).map_err(|e| io_error(format!("cannot open {}", image.display()), e))?;
-    // SAFETY: flock on a descriptor we own.
-    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
-        std::thread::sleep(Duration::from_millis(10));
+    // The daemon holds the image until its process ends.
+    if let Some(pid) = daemon_pid {
+        wait_for_exit(pid);
     }
-    if read_only {
+    if mount.read_only {
         // A read-only mount wrote nothing: the image is as it found it.
         return Ok(());
     }
+    // The image is checked where it still is: a path renamed, removed or
+    // replaced since the mount names another file or none, and the daemon's
+    // "clean" is then all there is to go on.
+    let served = ending.split_once(" image=").map(|(_, id)| id.split_whitespace().next().unwrap_or(""));
+    let here = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&image).ok().map(|m| format!("{}:{}", m.dev(), m.ino()))
+    };
+    if served.is_none_or(|id| here.as_deref() != Some(id)) {
+        eprintln!(
+            "uext4: {} no longer names the image this mount served (renamed or removed since): not checked",
+            image.display()
+        );
+        return Ok(());
+    }
+    if daemon_pid.is_none() {
+        // No peer process known: wait for the daemon's lock on the image instead.
+        let file = File::open(&image).map_err(|e| io_error(format!("cannot open {}", image.display()), e))?;
+        // SAFETY: flock on a descriptor we own.
+        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     // The daemon said where in the image the filesystem lies (-o offset, partition).
-    let offset = ending.split_once(" offset=").and_then(|(_, n)| n.parse().ok()).unwrap_or(0);
+    let offset = ending
+        .split_once(" offset=")
+        .and_then(|(_, n)| n.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0);
     let region = if offset == 0 { uext4::dev::Region::Whole } else { uext4::dev::Region::Offset(offset) };
     let sb = Filesystem::open(&image, Options { region, ..Options::default() })?.superblock();
     if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
@@ -920,6 +982,43 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     Ok(())
 }
 
+/// Returns once process `pid` has exited (reaped or not: a daemon started by a
+/// parent that waits for this command first stays a zombie until then).
+fn wait_for_exit(pid: libc::pid_t) {
+    // SAFETY: pidfd_open takes a pid and flags, and returns a descriptor we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return; // gone already (ESRCH)
+    }
+    let fd = fd as libc::c_int;
+    let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // A pidfd turns readable when its process exits.
+    // SAFETY: one pollfd, as given; the descriptor is closed once, after.
+    unsafe {
+        while libc::poll(&mut poll, 1, -1) < 0
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+        libc::close(fd);
+    }
+}
+
+/// The process at the other end of a Unix socket, as the kernel saw it connect.
+fn peer_pid(stream: &std::os::unix::net::UnixStream) -> Option<libc::pid_t> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a ucred of the length given.
+    let got = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (got == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
 /// Makes everything written through the mount durable: once this returns, a
 /// crash of the daemon (or of the machine) loses none of it. sync(2) and
 /// syncfs(2) cannot promise that on a FUSE mount: Linux (up to at least 6.18)
@@ -929,7 +1028,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
 pub fn sync(a: SyncArgs) -> Result<()> {
     let mountpoint =
         a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
-    mounted_image(&mountpoint)?;
+    mounted_here(&mountpoint)?;
     let root = File::open(&mountpoint).map_err(|e| io_error(format!("cannot open {}", mountpoint.display()), e))?;
     // On a kernel that sends FUSE_SYNCFS this alone would do; elsewhere it is harmless.
     // SAFETY: syncfs on a descriptor we own.
@@ -940,7 +1039,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
 pub fn tune(a: TuneArgs) -> Result<()> {
     let mountpoint =
         a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
-    mounted_image(&mountpoint)?;
+    mounted_here(&mountpoint)?;
     let current = get_xattr(&mountpoint, TUNABLES_XATTR)?;
     if a.settings.is_empty() {
         print!("{current}");

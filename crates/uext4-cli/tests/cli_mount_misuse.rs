@@ -669,3 +669,57 @@ fn debugfs_write(image: &Path, request: &str) {
     let out = Command::new("debugfs").arg("-w").arg("-R").arg(request).arg(image).output().unwrap();
     assert!(out.status.success(), "debugfs -w -R {request}: {out:?}");
 }
+
+/// `uext4 umount` finds the daemon by the mount, not by the image path: an image
+/// renamed while mounted unmounts cleanly (it said the daemon had crashed, and
+/// with another mounted image moved onto the name it hung); of two mounts stacked
+/// on one directory it takes the top one, as umount(2) does (it took the top and
+/// then waited forever for the covered one's daemon); and a filesystem that is
+/// not uext4's, mounted over a uext4 mount, is refused by name, not unmounted.
+#[test]
+fn umount_follows_the_mount_not_the_image_path() {
+    if !fuse_oracles() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (a, b) = (work.path().join("a.img"), work.path().join("b.img"));
+    mkfs(&a, "64M");
+    mkfs(&b, "64M");
+    let dir = work.path().join("m");
+    fs::create_dir(&dir).unwrap();
+    let mount = |image: &Path| run(uext4().arg("mount").arg(image).arg(&dir));
+    let umount = || uext4().arg("umount").arg(&dir).output().unwrap();
+
+    // Renamed while mounted.
+    mount(&a);
+    fs::write(dir.join("file"), b"hello").unwrap();
+    let renamed = work.path().join("renamed.img");
+    fs::rename(&a, &renamed).unwrap();
+    let out = umount();
+    assert!(out.status.success(), "umount after a rename: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no longer names the image"));
+    assert!(!mounted(&dir));
+    assert_eq!(run(uext4().arg("cat").arg(format!("{}:/file", renamed.display()))), "hello");
+    assert_e2fsck_clean(&renamed);
+
+    // Two uext4 mounts stacked: the top one goes, the covered one stays and serves.
+    mount(&renamed);
+    mount(&b);
+    fs::write(dir.join("on-b"), b"b").unwrap();
+    let out = umount();
+    assert!(out.status.success(), "umount of the top mount: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(dir.join("file").exists() && !dir.join("on-b").exists(), "the covered mount should show again");
+    assert_eq!(run(uext4().arg("cat").arg(format!("{}:/on-b", b.display()))), "b");
+
+    // A tmpfs over the uext4 mount: refused, and both stay.
+    run(Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&dir));
+    let out = umount();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is tmpfs"), "{}", String::from_utf8_lossy(&out.stderr));
+    run(Command::new("umount").arg(&dir));
+    let out = umount();
+    assert!(out.status.success(), "umount after the tmpfs went: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!mounted(&dir));
+    assert_e2fsck_clean(&renamed);
+    assert_e2fsck_clean(&b);
+}
