@@ -249,3 +249,56 @@ fn fast_commits_the_kernel_left_are_refused_not_dropped() {
     let ino = fs.lookup(d, b"fsynced").unwrap().expect("the fsync'd file, replayed by the kernel");
     assert_eq!(fs.stat(ino).unwrap().size, 1700);
 }
+
+/// A committed transaction holding a block that fails its tag checksum (torn by
+/// an async commit, or damaged since) is not half replayed: the kernel's jbd2
+/// fails such a recovery, and so does uext4, read-only or writable, leaving the
+/// image as it was. (It skipped the block and applied the rest.)
+#[test]
+fn a_journalled_block_failing_its_checksum_refuses_the_replay() {
+    if !oracle::require_e2fsprogs() || !oracle::require_loop() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("live.img");
+    oracle::run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("64M"));
+    let copy = dir.path().join("copy.img");
+    {
+        let m = oracle::Mount::new(&image, "commit=300");
+        for f in 0..20 {
+            std::fs::write(m.dir.join(format!("f{f}")), vec![b'x'; 100 * f]).unwrap();
+        }
+        oracle::run(&mut Command::new("sync"));
+        oracle::run(Command::new("cp").arg("--sparse=always").arg(&image).arg(&copy));
+        m.unmount();
+    }
+    assert!(needs_recovery(&copy));
+    // The log starts at journal block 1 (a descriptor); block 2 holds the first
+    // journalled copy. Flip a byte in the middle of it.
+    let start = oracle::dumpe2fs_field(&copy, "Journal start").unwrap();
+    assert_eq!(start, "1", "the log should start at journal block 1");
+    let bmap = oracle::run(Command::new("debugfs").args(["-R", "bmap <8> 2"]).arg(&copy));
+    let physical: u64 =
+        bmap.lines().next().unwrap_or("").trim().parse().unwrap_or_else(|_| panic!("debugfs bmap said {bmap:?}"));
+    let mut bytes = std::fs::read(&copy).unwrap();
+    bytes[(physical * 4096 + 2048) as usize] ^= 0x5a;
+    std::fs::write(&copy, &bytes).unwrap();
+
+    let before = sha_file(&copy);
+    for read_only in [true, false] {
+        match Filesystem::open(&copy, Options { read_only, ..Options::default() }) {
+            Err(e @ uext4::Error::Corrupt { .. }) => assert!(e.to_string().contains("fail their checksum"), "{e}"),
+            Err(e) => panic!("read_only {read_only}: refused with {e:?}"),
+            Ok(_) => panic!("read_only {read_only}: replayed a transaction with a block failing its checksum"),
+        }
+    }
+    assert_eq!(sha_file(&copy), before, "a refused replay changed the image");
+    // The kernel refuses to mount it too.
+    let kernel_dir = dir.path().join("k");
+    std::fs::create_dir(&kernel_dir).unwrap();
+    let mounted = Command::new("mount").arg("-o").arg("loop,ro").arg(&copy).arg(&kernel_dir).output().unwrap();
+    if mounted.status.success() {
+        oracle::Mount::adopt(kernel_dir).unmount();
+        panic!("the kernel mounted a journal with a block failing its checksum");
+    }
+}

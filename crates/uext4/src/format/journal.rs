@@ -163,6 +163,16 @@ impl JournalSuperblock {
         self.s_feature_incompat & f != 0
     }
 
+    /// Blocks of the fast-commit area at the journal's end (jbd2's default of
+    /// 256 when the superblock says 0), or 0 without the feature.
+    pub fn fast_commit_blocks(&self) -> u32 {
+        match (self.has_incompat(JBD2_FEATURE_INCOMPAT_FAST_COMMIT), self.s_num_fc_blks) {
+            (false, _) => 0,
+            (true, 0) => 256,
+            (true, n) => n,
+        }
+    }
+
     pub fn has_csum_v2_or_v3(&self) -> bool {
         self.has_incompat(JBD2_FEATURE_INCOMPAT_CSUM_V2 | JBD2_FEATURE_INCOMPAT_CSUM_V3)
     }

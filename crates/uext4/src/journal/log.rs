@@ -303,14 +303,9 @@ impl Journal {
         if want_csum_v3 {
             jsb.s_feature_incompat =
                 (jsb.s_feature_incompat & !JBD2_FEATURE_INCOMPAT_CSUM_V2) | JBD2_FEATURE_INCOMPAT_CSUM_V3;
-            jsb.s_feature_compat &= !JBD2_FEATURE_COMPAT_CHECKSUM;
             jsb.s_checksum_type = JBD2_CRC32C_CHKSUM;
         }
-        let mut last = jsb.s_maxlen;
-        if jsb.has_incompat(JBD2_FEATURE_INCOMPAT_FAST_COMMIT) {
-            let fc = if jsb.s_num_fc_blks == 0 { 256 } else { jsb.s_num_fc_blks };
-            last = last.saturating_sub(fc);
-        }
+        let last = jsb.s_maxlen.saturating_sub(jsb.fast_commit_blocks());
         if last <= jsb.s_first + 8 {
             return Err(Error::corrupt("journal is too small to hold a transaction", "journal superblock"));
         }

@@ -20,8 +20,10 @@ pub struct Replay {
     pub transactions: u32,
     /// The sequence the next transaction would get.
     pub next_sequence: u32,
-    /// Data blocks skipped because their tag checksum failed (the kernel skips them too).
+    /// Data blocks whose tag checksum failed, and the first of them (filesystem
+    /// block, transaction). Any makes `recover` refuse the journal.
     pub bad_data_blocks: u32,
+    first_bad: Option<(u64, u32)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -59,25 +61,31 @@ impl Log<'_> {
 /// `read_jblock(n)` returns journal block n (0 is the journal superblock).
 pub fn recover(read_jblock: &mut dyn FnMut(u32) -> Result<Vec<u8>>) -> Result<Replay> {
     let jsb = JournalSuperblock::parse(&read_jblock(0)?)?;
-    let mut replay =
-        Replay { blocks: BTreeMap::new(), transactions: 0, next_sequence: jsb.s_sequence, bad_data_blocks: 0 };
+    let mut replay = Replay {
+        blocks: BTreeMap::new(),
+        transactions: 0,
+        next_sequence: jsb.s_sequence,
+        bad_data_blocks: 0,
+        first_bad: None,
+    };
     if jsb.s_start == 0 {
         return Ok(replay);
     }
-    let mut last = jsb.s_maxlen;
-    if jsb.has_incompat(JBD2_FEATURE_INCOMPAT_FAST_COMMIT) {
-        let fc = if jsb.s_num_fc_blks == 0 { 256 } else { jsb.s_num_fc_blks };
-        last = last.checked_sub(fc).filter(|&l| l > jsb.s_first).ok_or_else(|| {
-            Error::corrupt(format!("fast-commit area of {fc} blocks leaves no log"), "journal superblock")
-        })?;
-    }
+    let fc = jsb.fast_commit_blocks();
+    let last = jsb.s_maxlen.checked_sub(fc).filter(|&l| l > jsb.s_first).ok_or_else(|| {
+        Error::corrupt(
+            format!("a journal of {} blocks, {fc} of them fast-commit area, leaves no log", jsb.s_maxlen),
+            "journal superblock",
+        )
+    })?;
     let mut log = Log { jsb, read: read_jblock, last };
     let mut revoked: HashMap<u64, u32> = HashMap::new();
     let end = one_pass(&mut log, Pass::Scan, None, &mut revoked, &mut replay)?;
     // With async commits a commit block may reach the disk before its
-    // transaction's blocks. Per-block tag checksums (v2, v3) catch a block that
-    // did not; a v1 journal keeps one crc32 over the transaction in its commit
-    // block instead, which uext4 does not check.
+    // transaction's blocks. Per-block tag checksums (v2, v3) show a block that
+    // did not (and the replay below then refuses the journal); a v1 journal keeps
+    // one crc32 over the transaction in its commit block instead, which uext4
+    // does not check.
     if log.jsb.has_incompat(JBD2_FEATURE_INCOMPAT_ASYNC_COMMIT)
         && !log.jsb.has_csum_v2_or_v3()
         && end != log.jsb.s_sequence
@@ -89,6 +97,20 @@ pub fn recover(read_jblock: &mut dyn FnMut(u32) -> Result<Vec<u8>>) -> Result<Re
     }
     one_pass(&mut log, Pass::Revoke, Some(end), &mut revoked, &mut replay)?;
     one_pass(&mut log, Pass::Replay, Some(end), &mut revoked, &mut replay)?;
+    // A committed transaction holding a block that fails its checksum was torn
+    // (with async commits its commit block may land before its blocks) or
+    // damaged since. The kernel's jbd2 then fails the recovery (block_error:
+    // the mount is refused); replaying the rest would apply half a transaction.
+    if let Some((block, sequence)) = replay.first_bad {
+        return Err(Error::corrupt(
+            format!(
+                "{} journalled block(s) fail their checksum (the first: filesystem block {block} in \
+                 transaction {sequence}); the kernel refuses to recover such a journal too, run e2fsck -fy",
+                replay.bad_data_blocks
+            ),
+            "journal",
+        ));
+    }
     replay.transactions = end.wrapping_sub(log.jsb.s_sequence);
     replay.next_sequence = end;
     // Fast commits made after the last full commit hold changes fsync made
@@ -159,6 +181,7 @@ fn one_pass(
                     let mut data = log.block(data_at)?;
                     if !verify_data(&log.jsb, &tag, sequence, &data) {
                         replay.bad_data_blocks += 1;
+                        replay.first_bad.get_or_insert((tag.blocknr, sequence));
                         continue;
                     }
                     if tag.flags & JBD2_FLAG_ESCAPE != 0 {
