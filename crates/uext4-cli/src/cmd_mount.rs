@@ -321,7 +321,6 @@ impl Listeners {
     /// Accepts listeners on the socket of the mount at `mountpoint`, once it is
     /// up, for as long as the daemon lives.
     fn start(&self, mountpoint: &Path) {
-        let listeners = self.clone();
         let mount = match mounted_here(mountpoint) {
             Ok(m) => m,
             Err(e) => {
@@ -345,7 +344,7 @@ impl Listeners {
                 return;
             }
         };
-        let list = listeners;
+        let list = self.clone();
         let spawned = std::thread::Builder::new().name("uext4-ending".into()).spawn(move || {
             for stream in socket.incoming().flatten() {
                 let mut waiting = list.0.lock();
@@ -938,7 +937,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     // The image is checked where it still is: a path renamed, removed or
     // replaced since the mount names another file or none, and the daemon's
     // "clean" is then all there is to go on.
-    let served = ending.split_once(" image=").map(|(_, id)| id.split_whitespace().next().unwrap_or(""));
+    let served = ending_field(ending, "image");
     let here = {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(&image).ok().map(|m| format!("{}:{}", m.dev(), m.ino()))
@@ -959,10 +958,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         }
     }
     // The daemon said where in the image the filesystem lies (-o offset, partition).
-    let offset = ending
-        .split_once(" offset=")
-        .and_then(|(_, n)| n.split_whitespace().next().and_then(|n| n.parse().ok()))
-        .unwrap_or(0);
+    let offset = ending_field(ending, "offset").and_then(|n| n.parse().ok()).unwrap_or(0);
     let region = if offset == 0 { uext4::dev::Region::Whole } else { uext4::dev::Region::Offset(offset) };
     let sb = Filesystem::open(&image, Options { region, ..Options::default() })?.superblock();
     if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
@@ -980,6 +976,11 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The value of `key=value` in the daemon's ending line ("clean offset=0 image=2049:12").
+fn ending_field<'a>(ending: &'a str, key: &str) -> Option<&'a str> {
+    ending.split_whitespace().find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// Returns once process `pid` has exited (reaped or not: a daemon started by a

@@ -339,6 +339,25 @@ fn permissions(uring: bool) {
     assert_e2fsck_clean(&image);
 }
 
+/// Free bytes of the filesystem mounted at `dir` (statvfs).
+fn free_bytes(dir: &Path) -> u64 {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: statvfs into a zeroed struct, on a NUL-terminated path.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
+    s.f_bfree as u64 * s.f_frsize as u64
+}
+
+/// Waits until `dir`'s filesystem has `at_least` bytes free: the kernel forgets
+/// an inode asynchronously after its last close. The 20 s bound is a hang guard.
+fn wait_until_free(dir: &Path, at_least: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while free_bytes(dir) < at_least {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn renames_over_directories_link_counts_and_unlinked_open_files() {
     renames_and_unlinked_files(false);
@@ -381,12 +400,7 @@ fn renames_and_unlinked_files(uring: bool) {
     assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "a directory cannot move into itself: {err}");
 
     // An unlinked open file stays readable until closed; then its blocks are free.
-    let statvfs_free = || {
-        let c = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()).unwrap();
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut s) }, 0);
-        s.f_bfree as u64 * s.f_frsize as u64
-    };
+    let statvfs_free = || free_bytes(d);
     let body: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
     fs::write(d.join("doomed"), &body).unwrap();
     let before = statvfs_free();
@@ -398,13 +412,7 @@ fn renames_and_unlinked_files(uring: bool) {
     assert!(back == body, "the unlinked file reads back whole while open");
     assert!(statvfs_free() < before + (4 << 20), "its blocks stay in use while it is open");
     drop(f);
-    // The kernel forgets the inode asynchronously after the close; the bound is
-    // only a hang guard.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while statvfs_free() < before + (8 << 20) {
-        assert!(Instant::now() < deadline, "the unlinked file's 8 MiB were not freed after its close");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_free(d, before + (8 << 20), "the unlinked file's 8 MiB were not freed after its close");
     m.unmount();
     assert_e2fsck_clean(&image);
 }
@@ -533,22 +541,12 @@ fn o_tmpfile(uring: bool) {
     assert_eq!(err.raw_os_error(), Some(libc::ENOENT), "{err}");
     drop(excl);
 
-    let statvfs_free = || {
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        assert_eq!(unsafe { libc::statvfs(cstr(&m.dir).as_ptr(), &mut s) }, 0);
-        s.f_bfree as u64 * s.f_frsize as u64
-    };
-    let before = statvfs_free();
+    let before = free_bytes(&m.dir);
     let gone = tmpfile(0);
     gone.write_all_at(&vec![7u8; 4 << 20], 0).unwrap();
-    assert!(statvfs_free() < before, "the nameless file's blocks are in use while it is open");
+    assert!(free_bytes(&m.dir) < before, "the nameless file's blocks are in use while it is open");
     drop(gone);
-    // The kernel forgets the inode after the close; the bound is a hang guard.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while statvfs_free() < before {
-        assert!(Instant::now() < deadline, "the nameless file's space was not given back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until_free(&m.dir, before, "the nameless file's space was not given back");
     let names: Vec<String> =
         fs::read_dir(&m.dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(names.len(), 2, "{names:?}"); // lost+found, named

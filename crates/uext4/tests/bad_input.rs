@@ -934,6 +934,11 @@ fn hostile_inline_inodes_are_corrupt() {
 // ---------------------------------------------------------------------------
 // Mini fuzz: the cargo-fuzz target's routine over seeded random mutations
 
+/// The number in environment variable `name`, or `default`.
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// Mutated images tried (override with UEXT4_MINI_FUZZ_CASES).
 const MINI_FUZZ_CASES: u64 = 5_000;
 
@@ -942,7 +947,7 @@ fn mini_fuzz_seeded_mutations() {
     if !require_e2fsprogs() {
         return;
     }
-    let cases = std::env::var("UEXT4_MINI_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(MINI_FUZZ_CASES);
+    let cases = env_u64("UEXT4_MINI_FUZZ_CASES", MINI_FUZZ_CASES);
     let seeds = small_fixtures();
     let maps: Vec<Vec<Meta>> = seeds.iter().map(|(_, img)| metadata_map(img)).collect();
     let mut rng = Rng::new(0x5EED_F022);
@@ -1683,11 +1688,11 @@ fn mini_write_fuzz_seeded_mutations() {
     if !require_e2fsprogs() || !skip_unless(have_tool("python3"), "python3 (for fuzz/make_seeds.sh) is missing") {
         return;
     }
-    let cases =
-        std::env::var("UEXT4_MINI_WRITE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(MINI_WRITE_FUZZ_CASES);
+    let cases = env_u64("UEXT4_MINI_WRITE_FUZZ_CASES", MINI_WRITE_FUZZ_CASES);
     let (_seed_dir, seed_paths, seeds) = fuzz_seed_images();
     let maps: Vec<Vec<Meta>> = seeds.iter().map(|img| metadata_map(img)).collect();
-    let first = std::env::var("UEXT4_MINI_WRITE_FUZZ_FIRST").ok().and_then(|v| v.parse().ok()).unwrap_or(0u64);
+    let first = env_u64("UEXT4_MINI_WRITE_FUZZ_FIRST", 0);
+    let keep_dir = std::env::var_os("UEXT4_MINI_WRITE_FUZZ_KEEP");
     let mut rng = Rng::new(0x5EED_3717);
     let (mut refused, mut clean, mut stopped, mut unjudged) = (0, 0, 0, 0);
     let mut failures = Vec::new();
@@ -1716,10 +1721,13 @@ fn mini_write_fuzz_seeded_mutations() {
             unjudged += 1;
             continue;
         };
-        if let Some(dir) = std::env::var_os("UEXT4_MINI_WRITE_FUZZ_KEEP") {
-            std::fs::write(PathBuf::from(dir).join(format!("case-{case}.img")), &image).unwrap();
-        }
-        let (outcome, after) = match write_trial(image.clone(), TRIAL_LIMIT, fuzzing::write_script) {
+        let keep = |suffix: &str, bytes: &[u8]| {
+            if let Some(dir) = &keep_dir {
+                std::fs::write(PathBuf::from(dir).join(format!("case-{case}{suffix}.img")), bytes).unwrap();
+            }
+        };
+        keep("", &image);
+        let (outcome, after) = match write_trial(image, TRIAL_LIMIT, fuzzing::write_script) {
             Ok(v) => v,
             Err(e) => {
                 failures.push(format!("{label}: {e}"));
@@ -1733,14 +1741,10 @@ fn mini_write_fuzz_seeded_mutations() {
             }
             WriteOutcome::Ran(r) if r.clean() => {
                 clean += 1;
-                let after_image = after.clone();
+                keep("-after", &after);
                 match e2fsck_problems_within(&after, 60) {
-                    Some(after) => {
-                        let new = new_problems(&before, &after);
-                        if let Some(dir) = std::env::var_os("UEXT4_MINI_WRITE_FUZZ_KEEP") {
-                            std::fs::write(PathBuf::from(dir).join(format!("case-{case}-after.img")), &after_image)
-                                .unwrap();
-                        }
+                    Some(after_problems) => {
+                        let new = new_problems(&before, &after_problems);
                         if !new.is_empty() {
                             failures.push(format!("{label}: script succeeded, e2fsck -fn finds new problems: {new:?}"));
                         }

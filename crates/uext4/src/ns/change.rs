@@ -42,8 +42,6 @@ pub(crate) fn inc_dir_links(dir: &mut Inode) {
     };
 }
 
-/// The time the library stamps changes with (the precise wall clock, or the
-/// time `clock::set_fixed_time` fixed).
 /// A new device node's one link and its numbers, (major, minor): they live in
 /// i_block (old 16-bit form in the first word, new form in the second), which
 /// holds no extent root.
@@ -59,6 +57,8 @@ pub(crate) fn init_device_inode(i: &mut Inode, (major, minor): (u32, u32)) {
     }
 }
 
+/// The time the library stamps changes with (the precise wall clock, or the
+/// time `clock::set_fixed_time` fixed).
 pub fn now() -> Timestamp {
     let (sec, nsec) = crate::clock::precise();
     Timestamp { sec, nsec }
