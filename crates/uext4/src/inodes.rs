@@ -161,9 +161,12 @@ impl Filesystem {
         let off = (byte % self.vol.geo.block_size as u64) as usize;
         let seed = if self.vol.geo.metadata_csum { Some(self.vol.geo.csum_seed) } else { None };
         let raw = inode.to_bytes(ino, seed);
-        let buf = match self.inode_block_unread(group, index, block)? {
-            Some(fresh) => fresh,
-            None => self.vol.inode_table_block(&gd, index)?,
+        let buf = match self.vol.cache.cached(block) {
+            Some(hit) => hit,
+            None => match self.inode_block_unread(group, index, block)? {
+                Some(fresh) => fresh,
+                None => self.vol.inode_table_block(&gd, index)?,
+            },
         };
         buf.write()[off..off + raw.len()].copy_from_slice(&raw);
         tx.dirty(&buf);

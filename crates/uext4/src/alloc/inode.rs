@@ -329,7 +329,7 @@ impl Allocator {
             }
             let mut gd = gd_lock.clone();
             let buf = self.inode_bitmap(tx, g, &mut gd)?;
-            let first_ino = self.vol.sb.read().first_ino();
+            let first_ino = self.vol.geo.first_ino;
             let ipg = self.vol.geo.inodes_per_group;
             let usable = |i: u32| i < ipg && g as u64 * ipg as u64 + i as u64 + 1 >= first_ino as u64;
             let picked = self.policy.pick(&self.vol, g, &buf.read(), req, &usable);
@@ -353,7 +353,7 @@ impl Allocator {
             self.policy.allocated(&self.vol, req, ino);
             return Ok(ino);
         }
-        let first_ino = self.vol.sb.read().first_ino();
+        let first_ino = self.vol.geo.first_ino;
         let order = self.policy.group_order(&self.vol, req);
         // Many creates in one directory all start at its group: one busy there
         // tries the next group rather than queue (the policy's first choices are

@@ -215,6 +215,12 @@ impl BufferCache {
         self.shard(block).lock().map.contains_key(&block)
     }
 
+    /// The buffer of `block` if it is cached now (a hit, counted as one), never
+    /// reading: for callers with another way to make a missing block.
+    pub fn cached(&self, block: u64) -> Option<Arc<Buffer>> {
+        self.lookup(block)
+    }
+
     fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
         let mut shard = self.shard(block).lock();
         let b = shard.map.get(&block)?.clone();

@@ -211,7 +211,7 @@ impl Filesystem {
         if !self.vol.geo.has_dir_index || inode.has_flag(crate::format::inode::EXT4_CASEFOLD_FL) {
             return out;
         }
-        let version = self.effective_hash_version(self.vol.sb.read().s_def_hash_version);
+        let version = self.effective_hash_version(self.vol.geo.def_hash_version);
         let keys: Result<Vec<(u32, u32)>> = out
             .iter()
             .map(|e| hash::dx_hash(&e.name, version, &self.vol.geo.hash_seed).map(|h| (h.major, h.minor)))
@@ -305,24 +305,24 @@ impl Filesystem {
     /// in `dir` (`InodeRequest`): the inode numbers in the block the name will
     /// most likely go into (its htree leaf; a linear directory's last block) and,
     /// in an indexed directory, the name's hash and the (hash, inode) of that
-    /// leaf's entries. Reads blocks only for what the policy asks.
-    pub(crate) fn inode_request(&self, dir: u32, name: &[u8], is_dir: bool) -> Result<InodeRequest> {
+    /// leaf's entries. Reads blocks only for what the policy asks. `inode` is
+    /// `dir`'s, as the caller last read it.
+    pub(crate) fn inode_request(&self, dir: u32, inode: &Inode, name: &[u8], is_dir: bool) -> Result<InodeRequest> {
         let mut req = InodeRequest::new(dir, is_dir);
-        let inode = self.inode(dir)?;
-        let indexed = self.is_indexed(&inode);
+        let indexed = self.is_indexed(inode);
         let (want_neighbours, want_hash) =
             (self.alloc.wants_neighbours(dir, indexed, is_dir), self.alloc.wants_name_hash(indexed));
         if !(want_neighbours || want_hash) || inode.has_flag(EXT4_INLINE_DATA_FL) {
             return Ok(req);
         }
         let _structure = self.dir_structure.read(dir as u64);
-        req.parent_blocks = self.dir_blocks(dir, &inode)?;
+        req.parent_blocks = self.dir_blocks(dir, inode)?;
         if req.parent_blocks == 0 {
             return Ok(req);
         }
         // One read of the htree root for every hash this request needs.
         let version = match want_hash && indexed {
-            true => Some(self.dx_root_version(dir, &inode)?),
+            true => Some(self.dx_root_version(dir, inode)?),
             false => None,
         };
         if let Some(v) = version {
@@ -332,12 +332,12 @@ impl Filesystem {
             return Ok(req);
         }
         let lblk = match indexed {
-            true => self.dx_leaf_for(dir, &inode, name)?,
+            true => self.dx_leaf_for(dir, inode, name)?,
             false => req.parent_blocks - 1,
         };
         let mut entries = Vec::new();
         {
-            let buf = self.dir_block(dir, &inode, lblk)?;
+            let buf = self.dir_block(dir, inode, lblk)?;
             let data = buf.read();
             self.parse_dir_block(dir, lblk, &data, &mut entries)?;
         }
@@ -399,7 +399,7 @@ impl Filesystem {
         let found = self.lookup_entry(dir, name, hint)?;
         if let Some((ino, _)) = found {
             // Reserved inodes are never named (the kernel's __ext4_iget refuses them).
-            let first_ino = self.vol.sb.read().first_ino();
+            let first_ino = self.vol.geo.first_ino;
             if ino < first_ino && ino != crate::ns::ROOT_INO {
                 return Err(Error::corrupt(
                     format!(

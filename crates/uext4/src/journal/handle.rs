@@ -47,7 +47,11 @@ impl Handle<'_> {
     /// Records that `buf` was changed under this handle.
     pub fn dirty(&mut self, buf: &Arc<Buffer>) {
         self.dirtied = true;
-        self.vol.changed.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Read before written: every handle of every thread passes here, and
+        // a store would take the line (and its neighbours') from the others.
+        if !self.vol.changed.load(std::sync::atomic::Ordering::Relaxed) {
+            self.vol.changed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         match self.vol.journal() {
             Some(journal) => journal.dirtied(buf),
             None => {

@@ -22,6 +22,7 @@ use crate::journal::handle::Handle;
 use crate::locks::Mode;
 use crate::ns::inode_flags;
 use crate::ns::Stat;
+use std::sync::Arc;
 
 /// Worst-case new blocks for one name: a directory block or leaf split, index
 /// splits and a root push-down, and extent-tree node splits for the new block.
@@ -132,12 +133,13 @@ impl Filesystem {
     /// was removed and freed, and the number handed to a new file, which has
     /// links. That is the same removed directory (ENOENT), never a place for a
     /// name (remove_tree's racing creates put entries into such a file).
-    pub(crate) fn require_live_dir(&self, dir: u32) -> Result<()> {
+    /// Returns the directory's inode as it is under that lock.
+    pub(crate) fn require_live_dir(&self, dir: u32) -> Result<Arc<Inode>> {
         let inode = self.inode(dir)?;
         if inode.i_links_count == 0 || !inode.is_dir() {
             return Err(Self::removed_dir_error(dir));
         }
-        Ok(())
+        Ok(inode)
     }
 
     /// Stamps a directory whose names changed. From the coarse clock, as the
@@ -186,13 +188,15 @@ impl Filesystem {
         // The parent's inode lock, shared, comes before the handle (see
         // journal/handle.rs); its removal holds it exclusive.
         let _parent_lock = self.inode_locks.read(parent as u64);
-        self.require_live_dir(parent)?;
-        inode_flags::refuse_if_immutable(parent, &*self.inode(parent)?, "creating a name")?;
+        // One look at the parent for every check (its inode is shared by every
+        // change of its names: each look meets the others' on one cache line).
+        let parent_inode = self.require_live_dir(parent)?;
+        inode_flags::refuse_if_immutable(parent, &parent_inode, "creating a name")?;
         if is_dir {
             self.refuse_at_dir_link_max(parent)?;
         }
         let _space = self.ensure_space_for_name(parent, name, init_blocks)?;
-        let request = self.inode_request(parent, name, is_dir)?;
+        let request = self.inode_request(parent, &parent_inode, name, is_dir)?;
         let mut tx = self.begin(8)?;
         let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, &request)?;
         let mut inode = self.new_inode(mode, owner);
@@ -298,9 +302,9 @@ impl Filesystem {
         let _caller = crate::alloc::acting_as_unless_set(owner);
         self.require_dir(dir)?;
         let _dir_lock = self.inode_locks.read(dir as u64);
-        self.require_live_dir(dir)?;
+        let dir_inode = self.require_live_dir(dir)?;
         let _space = self.alloc.ensure_space(0)?;
-        let request = self.inode_request(dir, b"", false)?;
+        let request = self.inode_request(dir, &dir_inode, b"", false)?;
         let mut tx = self.begin(6)?;
         let (ino, _inode_lock) = self.alloc_inode_locked(&mut tx, &request)?;
         let mut inode = self.new_inode(S_IFREG | (perm & 0o7777), owner);
@@ -570,13 +574,14 @@ impl Filesystem {
         inode.i_ctime = now();
         inode.i_links_count = if want_dir { 0 } else { inode.i_links_count.saturating_sub(1) };
         if inode.i_links_count == 0 {
-            if self.is_open(ino) {
-                // Still open: freed on the last close, or after a crash at the next
-                // open, from the orphan record this handle makes with the unlink.
-                self.orphan_add(&mut tx, ino, &mut inode)?;
-            } else {
+            if !self.is_open(ino) {
+                // release_inode writes the slot itself.
                 self.release_inode(&mut tx, ino, &mut inode)?;
+                return tx.finish();
             }
+            // Still open: freed on the last close, or after a crash at the next
+            // open, from the orphan record this handle makes with the unlink.
+            self.orphan_add(&mut tx, ino, &mut inode)?;
         }
         self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()
@@ -598,7 +603,8 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Frees an unlinked inode's blocks and its number.
+    /// Frees an unlinked inode's blocks and its number, and writes its slot
+    /// (no links, dtime set): callers need not write it again.
     pub(crate) fn release_inode(&self, tx: &mut Handle, ino: u32, inode: &mut Inode) -> Result<()> {
         self.may_inline_forget(ino);
         if inode.has_flag(EXT4_EXTENTS_FL) || self.has_block_map(inode) {

@@ -118,7 +118,7 @@ impl Filesystem {
     /// handle naming one): a write through it would give blocks to a free
     /// inode. The caller holds the inode's lock, so no unlink frees it meanwhile.
     pub(crate) fn require_changeable(&self, ino: u32, inode: &Inode) -> Result<()> {
-        if ino != crate::ns::ROOT_INO && ino < self.vol.sb.read().first_ino() {
+        if ino != crate::ns::ROOT_INO && ino < self.vol.geo.first_ino {
             return Err(Error::NotPermitted(format!("inode {ino} is reserved for the filesystem's own use")));
         }
         if inode.i_links_count == 0 && !self.is_open(ino) {
@@ -153,8 +153,8 @@ impl Filesystem {
         self.linkable.lock().remove(&ino);
         let mut tx = self.begin(8)?;
         self.orphan_remove(&mut tx, ino, &mut inode)?;
+        // release_inode writes the slot itself.
         self.release_inode(&mut tx, ino, &mut inode)?;
-        self.write_inode(&mut tx, ino, &inode)?;
         tx.finish()
     }
 
@@ -390,7 +390,7 @@ impl Filesystem {
     /// change (e2fsck repairs such lists).
     fn check_orphan(&self, ino: u32, record: &str) -> Result<()> {
         let bad = |why: &str| Error::corrupt(format!("{record} names inode {ino}, {why}"), "orphan records");
-        if ino < self.vol.sb.read().first_ino() || ino > self.vol.geo.inodes_count {
+        if ino < self.vol.geo.first_ino || ino > self.vol.geo.inodes_count {
             return Err(bad("which cannot be an orphan"));
         }
         if !self.inode_allocated(ino)? {
@@ -410,7 +410,6 @@ impl Filesystem {
         let mut inode = (*self.inode(ino)?).clone();
         if inode.i_links_count == 0 {
             self.release_inode(tx, ino, &mut inode)?;
-            self.write_inode(tx, ino, &inode)?;
             return Ok(true);
         }
         // A truncate that did not finish: blocks past i_size go.

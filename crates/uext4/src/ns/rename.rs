@@ -175,7 +175,7 @@ impl Filesystem {
         // The whiteout's placement is asked before any structure lock is held
         // (the policy may read the directory).
         let whiteout_request = match whiteout {
-            true => Some(self.inode_request(src_dir, src_name, false)?),
+            true => Some(self.inode_request(src_dir, &*self.inode(src_dir)?, src_name, false)?),
             false => None,
         };
         let mut tx = self.begin(24)?;

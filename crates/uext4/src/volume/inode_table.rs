@@ -33,7 +33,12 @@ impl Volume {
     pub(crate) fn inode_table_block(&self, gd: &GroupDesc, index: u32) -> Result<Arc<Buffer>> {
         let bs = self.geo.block_size as u64;
         let block = gd.bg_inode_table + index as u64 * self.geo.inode_size as u64 / bs;
-        if !self.cache.holds(block) && self.table_walks.continues(block) {
+        // A hit is one look at the cache: on the path of every inode write, of
+        // two threads' inodes in one block, each look takes that shard's lock.
+        if let Some(hit) = self.cache.cached(block) {
+            return Ok(hit);
+        }
+        if self.table_walks.continues(block) {
             if let Some(end) = self.read_ahead_inode_run(gd, index) {
                 self.table_walks.read_ended(Some(block), end);
             }

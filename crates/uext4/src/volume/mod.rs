@@ -58,6 +58,8 @@ pub struct Geometry {
     pub verify_checksums: bool,
     /// Groups in a flex group (1 without flex_bg).
     pub groups_per_flex: u32,
+    /// The first inode a file may have (`s_first_ino`; 11 at revision 0).
+    pub first_ino: u32,
 }
 
 impl Geometry {
@@ -98,6 +100,7 @@ impl Geometry {
             } else {
                 1
             },
+            first_ino: sb.first_ino(),
         }
     }
 
@@ -149,6 +152,10 @@ pub struct Volume {
     pub(crate) changed: AtomicBool,
     /// Walks in inode-table order under way, for reading ahead (inode_table.rs).
     table_walks: inode_table::TableWalks,
+    /// The block of each descriptor-table block's descriptors, by
+    /// `group / descriptors per block`: fixed while the image is open, so
+    /// writing a descriptor (every allocation) takes no superblock lock.
+    desc_blocks: Box<[u64]>,
 }
 
 impl Volume {
@@ -203,7 +210,12 @@ impl Volume {
             damage_at_open: bad_checksum,
             changed: AtomicBool::new(false),
             table_walks: inode_table::TableWalks::new(),
+            desc_blocks: Box::default(),
         };
+        let per_block = (vol.geo.block_size / vol.geo.desc_size) as u32;
+        vol.desc_blocks = (0..vol.geo.group_count.div_ceil(per_block))
+            .map(|m| group_desc_location(&vol.sb.read(), m * per_block).0)
+            .collect();
         let mut zone: Vec<(u64, u64)> = vol.metadata_ranges().into_iter().map(|(start, end, _)| (start, end)).collect();
         zone.sort_unstable();
         zone.dedup_by(|next, prev| {
@@ -369,7 +381,11 @@ impl Volume {
 
     /// Writes group `g`'s descriptor into the primary descriptor table.
     pub(crate) fn write_group_desc(&self, tx: &mut Handle, g: u32, gd: &GroupDesc) -> Result<()> {
-        let (block, off) = group_desc_location(&self.sb.read(), g);
+        let per_block = self.geo.block_size / self.geo.desc_size;
+        let Some(&block) = self.desc_blocks.get(g as usize / per_block) else {
+            return Err(Error::Invalid(format!("group {g} is past the last group")));
+        };
+        let off = g as usize % per_block * self.geo.desc_size;
         let buf = self.cache.get(block)?;
         {
             let mut data = buf.write();
