@@ -1,8 +1,8 @@
 //! `uext4 mount`, `uext4 umount`, `uext4 sync` and `uext4 tune`.
 //!
-//! A mount holds the image's exclusive flock (the library's, see
-//! `uext4::dev`) for as long as its daemon lives, so a second mount and every
-//! writable open of the image are refused. `umount` succeeds only when the
+//! A mount holds the exclusive lock of its region of the image (the library's,
+//! see `uext4::dev`) for as long as its daemon lives, so a second mount and
+//! every writable open of that region are refused. `umount` succeeds only when the
 //! daemon tells it, over an abstract Unix socket named by the image, that it
 //! wrote everything back, and the image then needs no journal recovery; a
 //! daemon that is gone or dies first makes it fail. SIGTERM, SIGINT and SIGHUP
@@ -224,11 +224,12 @@ fn io_error(what: String, e: std::io::Error) -> Error {
     Error::Io(std::io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
-/// Opens the image for a mount: with its exclusive lock (a second mount, and
-/// every writable open, is refused while the mount lives), refused while the
-/// kernel has it mounted unless this mount is read-only.
-fn open_image(image: &Path, read_only: bool) -> Result<FileDevice> {
-    let dev = FileDevice::open_locked(image, !read_only)?;
+/// Opens the image for a mount: with the exclusive lock of its region (a
+/// second mount of it, and every writable open, is refused while the mount
+/// lives; other partitions of the image stay free), refused while the kernel
+/// has that region mounted unless this mount is read-only.
+fn open_image(image: &Path, read_only: bool, region: uext4::dev::Region) -> Result<FileDevice> {
+    let dev = FileDevice::open_locked(image, !read_only, region)?;
     if let Some(who) = dev.in_use() {
         eprintln!("uext4: warning: {} is in use by {who}; this read-only mount may see it change", image.display());
     }
@@ -246,7 +247,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
     if !Path::new("/dev/fuse").exists() {
         return Err(Error::unsupported("FUSE (/dev/fuse is missing; load the fuse module)"));
     }
-    let dev = open_image(&image, config.opts.read_only)?;
+    let dev = open_image(&image, config.opts.read_only, config.opts.region)?;
     if a.foreground {
         return serve(&image, dev, &mountpoint, config, &mut None);
     }
@@ -949,16 +950,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         );
         return Ok(());
     }
+    // The daemon said where in the image the filesystem lies (-o offset, partition).
+    let offset = ending_field(ending, "offset").and_then(|n| n.parse().ok()).unwrap_or(0);
     if daemon_pid.is_none() {
-        // No peer process known: wait for the daemon's lock on the image instead.
+        // No peer process known: wait for the daemon's lock on its region instead.
         let file = File::open(&image).map_err(|e| io_error(format!("cannot open {}", image.display()), e))?;
-        // SAFETY: flock on a descriptor we own.
-        while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        while uext4::dev::held_at(&file, offset)? {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    // The daemon said where in the image the filesystem lies (-o offset, partition).
-    let offset = ending_field(ending, "offset").and_then(|n| n.parse().ok()).unwrap_or(0);
     let region = if offset == 0 { uext4::dev::Region::Whole } else { uext4::dev::Region::Offset(offset) };
     let sb = Filesystem::open(&image, Options { region, ..Options::default() })?.superblock();
     if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {

@@ -318,7 +318,7 @@ pub fn check_then_apply(
     let opened = |e: Error| Failure::refused(format!("{command}: {e}"));
     // A mounted image's disk copy may lag what its holder serves, so the check
     // pass would judge stale state: who holds it is the first refusal.
-    uext4::dev::check_unused(image).map_err(opened)?;
+    uext4::dev::check_unused(image, region()).map_err(opened)?;
     let fs = Filesystem::open(image, options(true)).map_err(opened)?;
     body(&fs, Pass::Check)?;
     drop(fs);

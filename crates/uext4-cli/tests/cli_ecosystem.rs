@@ -271,6 +271,118 @@ fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
     assert!(!first.iter().any(|n| n == "made"), "partition 1 holds what was written to 2: {first:?}");
 }
 
+/// Two partitions of one disk image are two images: a uext4 mount of the
+/// first leaves the second to the CLI and to a mount of its own, and a kernel
+/// mount through a loop device over the second's bytes leaves the first; only
+/// the partition in use is refused, and the refusal names who holds it.
+/// Judged by e2fsck -fn of each partition and the kernel's reading of both.
+#[test]
+fn partitions_of_one_disk_image_are_held_apart() {
+    for tool in ["sfdisk", "mkfs.ext4", "e2fsck", "losetup"] {
+        if !have(tool) && skip(&format!("{tool} is not installed")) {
+            return;
+        }
+    }
+    if !is_root() && skip("the kernel's loop mount of a partition needs root") {
+        return;
+    }
+    if !fuse_available() && skip("FUSE is not available") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::File::create(&disk).unwrap().set_len(200 << 20).unwrap();
+    let mut sfdisk = Command::new("sfdisk").arg("-q").arg(&disk).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    use std::io::Write;
+    sfdisk.stdin.take().unwrap().write_all(b"label: gpt\n,64M,L\n,100M,L\n").unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    let parts: Vec<(u64, u64)> =
+        sfdisk_partitions(&disk).into_iter().map(|(start, n)| (start * 512, n * 512)).collect();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    for &(start, len) in &parts {
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-b", "4096", "-E", &format!("offset={start}")])
+            .arg(&disk)
+            .arg(format!("{}k", len / 1024)));
+    }
+    let at = |path: &str| format!("{}:{path}", disk.display());
+    let mkdir = |partition: u32, path: &str| {
+        uext4().args(["mkdir", "--partition", &partition.to_string()]).arg(at(path)).output().unwrap()
+    };
+    let refused_by = |out: std::process::Output, holder: &str| {
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && said.contains("held by") && said.contains(holder), "{said}");
+    };
+
+    // uext4 holds partition 1: partition 2 is written beside it, and mounted too.
+    let first = UextMount::new(&disk, "partition=1");
+    std::fs::write(first.dir.join("one"), b"1\n").unwrap();
+    assert!(mkdir(2, "/beside-a-mount").status.success());
+    refused_by(mkdir(1, "/refused"), "uext4 at");
+    let second = UextMount::new(&disk, "partition=2");
+    std::fs::write(second.dir.join("two"), b"2\n").unwrap();
+    let spare = dir.path().join("spare");
+    std::fs::create_dir(&spare).unwrap();
+    let again = uext4().arg("mount").arg(&disk).arg(&spare).args(["-o", "partition=2"]).output().unwrap();
+    if again.status.success() {
+        run(uext4().arg("umount").arg(&spare));
+    }
+    refused_by(again, "uext4 at");
+    second.unmount();
+    first.unmount();
+
+    // The kernel holds partition 2 through a loop device over its bytes.
+    let (start, len) = parts[1];
+    let loop_dev = run(Command::new("losetup")
+        .args(["-f", "--show", "-o", &start.to_string()])
+        .args(["--sizelimit", &len.to_string()])
+        .arg(&disk))
+    .trim()
+    .to_string();
+    let kmnt = dir.path().join("kmnt");
+    std::fs::create_dir(&kmnt).unwrap();
+    let mounted = Command::new("mount").args(["-t", "ext4"]).arg(&loop_dev).arg(&kmnt).output().unwrap();
+    let outcome = std::panic::catch_unwind(|| {
+        assert!(mounted.status.success(), "{mounted:?}");
+        assert!(mkdir(1, "/beside-the-kernel").status.success());
+        refused_by(mkdir(2, "/refused"), "the kernel (ext4)");
+    });
+    if mounted.status.success() {
+        run(Command::new("umount").arg(&kmnt));
+    }
+    run(Command::new("losetup").arg("-d").arg(&loop_dev));
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+
+    let kernel = LoopDisk::new(&disk);
+    let mut seen = Vec::new();
+    for n in [1, 2] {
+        assert_e2fsck_clean(Path::new(&kernel.part(n)));
+        run(Command::new("mount").args(["-t", "ext4", "-o", "ro"]).arg(kernel.part(n)).arg(&kmnt));
+        let mut names: Vec<String> =
+            std::fs::read_dir(&kmnt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        run(Command::new("umount").arg(&kmnt));
+        names.sort();
+        seen.push(names);
+    }
+    assert_eq!(seen[0], ["beside-the-kernel", "lost+found", "one"]);
+    assert_eq!(seen[1], ["beside-a-mount", "lost+found", "two"]);
+
+    // Partition 2 held under another name, the kernel's loop partition node
+    // over the same bytes: a uext4 mount of that node keeps the CLI out of
+    // partition 2 of the file, and not out of partition 1.
+    let through_node = UextMount::new(Path::new(&kernel.part(2)), "ro");
+    refused_by(mkdir(2, "/refused"), "uext4");
+    assert!(mkdir(1, "/beside-the-node").status.success());
+    through_node.unmount();
+    // A fresh loop device: the first one's cache predates that write.
+    drop(kernel);
+    let kernel = LoopDisk::new(&disk);
+    assert_e2fsck_clean(Path::new(&kernel.part(1)));
+    assert_e2fsck_clean(Path::new(&kernel.part(2)));
+}
+
 const EPOCH: &str = "1700000000";
 const UUID: &str = "0f0e0d0c-0b0a-4908-8706-050403020100";
 const SEED: &str = "11111111-2222-4333-8444-555555555555";

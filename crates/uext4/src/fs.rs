@@ -283,10 +283,11 @@ fn check_device_size(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
 }
 
 impl Filesystem {
-    /// Opens an image file or block device. A writable open holds the image's
-    /// exclusive lock until the filesystem is dropped, and is refused
-    /// (`Error::Busy`) while the kernel or another uext4 process holds the image;
-    /// a read-only open is not, and `in_use` says who else held it.
+    /// Opens an image file or block device. A writable open holds the exclusive
+    /// lock of the image's bytes its filesystem lies in (`Options::region`)
+    /// until the filesystem is dropped, and is refused (`Error::Busy`) while the
+    /// kernel or another uext4 process holds any of them; a read-only open is
+    /// not, and `in_use` says who else held them.
     ///
     /// # Errors
     /// `Busy` when a writable open finds the image held (another uext4 process, the kernel); `Io` when
@@ -295,7 +296,7 @@ impl Filesystem {
     /// names no part of the image; `ReadOnly` when a writable open is refused (an image the kernel
     /// would only mount read-only).
     pub fn open(path: impl AsRef<Path>, opts: Options) -> Result<Filesystem> {
-        let dev = FileDevice::open(path.as_ref(), !opts.read_only)?;
+        let dev = FileDevice::open_region(path.as_ref(), !opts.read_only, opts.region)?;
         Self::open_device(Arc::new(dev), opts)
     }
 

@@ -479,7 +479,7 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         make(&DiscardDevice { size: opts.size }, opts, true)?;
     }
     // Before the truncation below destroys what a mount is using.
-    crate::dev::check_unused(path)?;
+    crate::dev::check_unused(path, crate::dev::Region::Whole)?;
     if fresh {
         // Truncating to zero and extending gives an all-zero sparse file.
         let f =
@@ -529,8 +529,9 @@ impl BlockDevice for DiscardDevice {
 /// A filesystem in a region of an existing image or device, written in place
 /// (nothing truncated, nothing outside the region touched).
 fn mkfs_in_region(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
-    crate::dev::check_unused(path)?;
-    let dev = crate::dev::BoundedDevice::open(std::sync::Arc::new(FileDevice::open(path, true)?), opts.region)?;
+    crate::dev::check_unused(path, opts.region)?;
+    let file = FileDevice::open_region(path, true, opts.region)?;
+    let dev = crate::dev::BoundedDevice::open(std::sync::Arc::new(file), opts.region)?;
     let mut opts = opts.clone();
     if opts.size == 0 {
         opts.size = dev.size();

@@ -8,8 +8,9 @@
 //! `io_model` sorts requests by what they hold and prices them on model disks
 //! (`TracedDevice`), for benchmarks.
 //!
-//! A writable `FileDevice` holds the image's exclusive lock for its whole life
-//! and refuses an image the kernel or another uext4 process holds (`in_use`).
+//! A writable `FileDevice` holds the exclusive lock of the bytes its filesystem
+//! lies in (the whole image, or one `Region` of it) for its whole life and
+//! refuses a range the kernel or another uext4 process holds (`in_use`).
 //!
 //! `partition`: a filesystem at an offset or in a partition of a larger device
 //! (`Region`, `BoundedDevice`), kept inside it.
@@ -17,7 +18,7 @@
 mod in_use;
 pub mod io_model;
 mod partition;
-pub use in_use::check_unused;
+pub use in_use::{held_at, ByteRange};
 pub use io_model::{IoClass, IoModel, IoReport, TracedDevice};
 pub use partition::{starts_with_partition_table, BoundedDevice, Region};
 
@@ -167,12 +168,16 @@ fn check_range(offset: u64, len: usize, size: u64) -> Result<()> {
 
 /// An image file or a block device, accessed with pread/pwrite.
 pub struct FileDevice {
-    /// Holds the exclusive lock when writable (or opened with `open_locked`).
+    /// Holds the lock of its region when writable (or opened with
+    /// `open_locked`: a read lock then, for a file open read-only).
     file: File,
     size: u64,
     writable: bool,
     counters: Counters,
     others: Option<String>,
+    /// The bytes its lock covers: a write elsewhere (a caller that opened
+    /// one partition and then asked for another region) is refused.
+    locked: ByteRange,
     /// The path it was opened by, for messages.
     path: PathBuf,
 }
@@ -195,19 +200,45 @@ impl FileDevice {
     /// # Errors
     /// `Busy` as above; `Io` when the file cannot be opened.
     pub fn open(path: &Path, writable: bool) -> Result<FileDevice> {
-        Self::open_as(path, writable, writable)
+        Self::open_region(path, writable, Region::Whole)
+    }
+
+    /// As [`FileDevice::open`], for a filesystem in `region` of the image: the
+    /// lock and the check cover that region's bytes only, so the partitions of
+    /// one disk image can be opened by different processes (and the kernel) at
+    /// once. The device is still the whole image (wrap it in a `BoundedDevice`).
+    ///
+    /// # Errors
+    /// As [`FileDevice::open`]; `Invalid`, `Corrupt` or `Unsupported` when the
+    /// region cannot be found (see [`Region::locate`]).
+    pub fn open_region(path: &Path, writable: bool, region: Region) -> Result<FileDevice> {
+        Self::open_as(path, writable, writable, region)
     }
 
     /// Opens an image with its exclusive lock even when read-only: a mount, which
-    /// must be the image's only user whether or not it writes.
+    /// must be the only user of its region whether or not it writes.
     ///
     /// # Errors
-    /// As [`FileDevice::open`], and `Busy` while another process holds the lock.
-    pub fn open_locked(path: &Path, writable: bool) -> Result<FileDevice> {
-        Self::open_as(path, writable, true)
+    /// As [`FileDevice::open_region`], and `Busy` while another process holds the lock.
+    pub fn open_locked(path: &Path, writable: bool, region: Region) -> Result<FileDevice> {
+        Self::open_as(path, writable, true, region)
     }
 
-    fn open_as(path: &Path, writable: bool, exclusive: bool) -> Result<FileDevice> {
+    fn open_as(path: &Path, writable: bool, exclusive: bool, region: Region) -> Result<FileDevice> {
+        let mut dev = Self::open_unchecked(path, writable)?;
+        // Finding a partition reads its table: nothing is written before the check.
+        let range = byte_range(&dev, region)?;
+        let users = in_use::examine(&dev.file, range, exclusive, writable)?;
+        if exclusive && users.locked || writable && users.any() {
+            return Err(in_use::busy(path, &users));
+        }
+        dev.others = users.any().then(|| users.describe());
+        dev.locked = range;
+        Ok(dev)
+    }
+
+    /// The open itself, with no lock and no look at who else uses the image.
+    fn open_unchecked(path: &Path, writable: bool) -> Result<FileDevice> {
         // A writable open of a block device is exclusive (O_EXCL), as e2fsprogs'
         // is: the kernel refuses it while the device is mounted anywhere, even in
         // a mount namespace /proc/self/mounts does not show.
@@ -237,19 +268,40 @@ impl FileDevice {
                 path.display()
             )));
         }
-        let users = in_use::examine(&file, exclusive)?;
-        if exclusive && users.locked || writable && users.any() {
-            return Err(in_use::busy(path, &users));
-        }
-        let others = users.any().then(|| users.describe());
         // A block device reports size 0 in its metadata; seeking to the end works for both.
         let size = {
             use std::io::{Seek, SeekFrom};
             let mut f = &file;
             f.seek(SeekFrom::End(0))?
         };
-        Ok(FileDevice { file, size, writable, counters: Counters::default(), others, path: path.to_path_buf() })
+        let (counters, locked) = (Counters::default(), ByteRange::WHOLE);
+        Ok(FileDevice { file, size, writable, counters, others: None, locked, path: path.into() })
     }
+}
+
+/// The bytes of `dev` that `region` names, for its lock (`Whole`: all of it,
+/// however it grows).
+fn byte_range(dev: &dyn BlockDevice, region: Region) -> Result<ByteRange> {
+    match region {
+        Region::Whole => Ok(ByteRange::WHOLE),
+        _ => region.locate(dev).map(|(start, len)| ByteRange { start, len }),
+    }
+}
+
+/// Refuses (`Error::Busy`) an image whose `region` a uext4 process or the
+/// kernel holds, without keeping any lock: for callers about to replace the
+/// file (mkfs) or to write it after a read-only look. A file that does not
+/// exist (yet) is unused.
+///
+/// # Errors
+/// `Busy` as above; what finding the region gives.
+pub fn check_unused(path: &Path, region: Region) -> Result<()> {
+    let Ok(file) = File::open(path) else { return Ok(()) };
+    let range = match region {
+        Region::Whole => ByteRange::WHOLE,
+        _ => byte_range(&FileDevice::open_unchecked(path, false)?, region)?,
+    };
+    in_use::check_range_unused(path, &file, range)
 }
 
 impl FileDevice {
@@ -275,6 +327,12 @@ impl BlockDevice for FileDevice {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         if !self.writable {
             return Err(Error::ReadOnly("device opened read-only".into()));
+        }
+        if !self.locked.holds(offset, buf.len() as u64) {
+            return Err(Error::Invalid(format!(
+                "a write at byte {offset} of {} lies outside the region this open locked",
+                self.path.display()
+            )));
         }
         check_range(offset, buf.len(), self.size)?;
         self.counters.write(buf.len());
@@ -726,6 +784,23 @@ impl BlockDevice for GatedFlushDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_device_writes_only_inside_the_region_it_locked() {
+        let path = std::env::temp_dir().join(format!("uext4-region-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 65536]).unwrap();
+        let dev = FileDevice::open_region(&path, true, Region::Offset(8192)).unwrap();
+        assert!(matches!(dev.write_at(0, &[1; 512]), Err(Error::Invalid(_))), "before the region");
+        assert!(matches!(dev.write_at(8191, &[1; 2]), Err(Error::Invalid(_))), "across its start");
+        dev.write_at(8192, &[1; 512]).unwrap();
+        let other = FileDevice::open_region(&path, true, Region::Offset(4096));
+        assert!(matches!(other, Err(Error::Busy(_))), "an overlapping region is held");
+        let before = FileDevice::open(&path, false).unwrap();
+        let mut head = [0u8; 8192];
+        before.read_at(0, &mut head).unwrap();
+        assert!(head.iter().all(|&b| b == 0), "nothing written outside");
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn fault_device_cuts_and_tears_where_told() {
