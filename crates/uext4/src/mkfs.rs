@@ -478,17 +478,21 @@ pub fn mkfs(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
         // fit) comes out here.
         make(&DiscardDevice { size: opts.size }, opts, true)?;
     }
-    // Before the truncation below destroys what a mount is using.
-    crate::dev::check_unused(path, crate::dev::Region::Whole)?;
     if fresh {
-        // Truncating to zero and extending gives an all-zero sparse file.
-        let f =
-            std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(|e| {
-                Error::Io(std::io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display())))
-            })?;
-        f.set_len(opts.size)?;
+        // Made if missing, never truncated here: the lock comes first.
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::Io(std::io::Error::new(e.kind(), format!("cannot create {}: {e}", path.display()))))?;
     }
-    let dev = FileDevice::open(path, true)?;
+    // The image's lock before anything is destroyed: a file a mount or another
+    // uext4 process is using is refused here as it was.
+    let mut dev = FileDevice::open(path, true)?;
+    if fresh {
+        dev.zero_fill(opts.size)?;
+    }
     if dev.size() < opts.size {
         return Err(Error::Invalid(format!("{} holds only {} bytes", path.display(), dev.size())));
     }

@@ -279,6 +279,23 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// Makes an image file `size` zero bytes (sparse): what it held is gone.
+    /// For mkfs, which takes the image's lock before it destroys anything.
+    ///
+    /// # Errors
+    /// `Io` when the file cannot be resized; `Invalid` for a device, not a file.
+    pub(crate) fn zero_fill(&mut self, size: u64) -> Result<()> {
+        if !self.file.metadata()?.is_file() || !self.writable {
+            return Err(Error::Invalid(format!("{} is not an image file open for writing", self.path.display())));
+        }
+        self.file.set_len(0).map_err(|e| self.failed("truncating", 0, 0, e))?;
+        self.file.set_len(size).map_err(|e| self.failed("extending", 0, 0, e))?;
+        self.size = size;
+        Ok(())
+    }
+}
+
 /// The bytes of `dev` that `region` names, for its lock (`Whole`: all of it,
 /// however it grows).
 fn byte_range(dev: &dyn BlockDevice, region: Region) -> Result<ByteRange> {
