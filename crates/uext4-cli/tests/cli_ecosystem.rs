@@ -177,25 +177,38 @@ impl Drop for LoopDisk {
     }
 }
 
-#[test]
-fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
+/// Whether sfdisk, mkfs.ext4, e2fsck and losetup are here, and root (`why`:
+/// what needs it); false after the skip message.
+fn partition_oracles(why: &str) -> bool {
     for tool in ["sfdisk", "mkfs.ext4", "e2fsck", "losetup"] {
         if !have(tool) && skip(&format!("{tool} is not installed")) {
-            return;
+            return false;
         }
     }
-    if !is_root() && skip("the kernel's view of the partitions needs root (losetup -P, mount)") {
+    is_root() || !skip(why)
+}
+
+/// A 200 MiB disk image at `disk` with a GPT of two Linux partitions (64 and
+/// 100 MiB) written by sfdisk; each partition's (first sector, sectors).
+fn gpt_disk_of_two(disk: &Path) -> Vec<(u64, u64)> {
+    std::fs::File::create(disk).unwrap().set_len(200 << 20).unwrap();
+    let mut sfdisk = Command::new("sfdisk").arg("-q").arg(disk).stdin(std::process::Stdio::piped()).spawn().unwrap();
+    use std::io::Write;
+    sfdisk.stdin.take().unwrap().write_all(b"label: gpt\n,64M,L\n,100M,L\n").unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    let parts = sfdisk_partitions(disk);
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    parts
+}
+
+#[test]
+fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
+    if !partition_oracles("the kernel's view of the partitions needs root (losetup -P, mount)") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk");
-    std::fs::File::create(&disk).unwrap().set_len(200 << 20).unwrap();
-    let mut sfdisk = Command::new("sfdisk").arg("-q").arg(&disk).stdin(std::process::Stdio::piped()).spawn().unwrap();
-    use std::io::Write;
-    sfdisk.stdin.take().unwrap().write_all(b"label: gpt\n,64M,L\n,100M,L\n").unwrap();
-    assert!(sfdisk.wait().unwrap().success());
-    let parts = sfdisk_partitions(&disk);
-    assert_eq!(parts.len(), 2, "{parts:?}");
+    let parts = gpt_disk_of_two(&disk);
     let bytes = |(start, count): (u64, u64)| (start * 512, count * 512);
     let (p1, p2) = (bytes(parts[0]), bytes(parts[1]));
     // Each partition made and filled by mkfs.ext4 -d at its offset.
@@ -278,27 +291,12 @@ fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
 /// Judged by e2fsck -fn of each partition and the kernel's reading of both.
 #[test]
 fn partitions_of_one_disk_image_are_held_apart() {
-    for tool in ["sfdisk", "mkfs.ext4", "e2fsck", "losetup"] {
-        if !have(tool) && skip(&format!("{tool} is not installed")) {
-            return;
-        }
-    }
-    if !is_root() && skip("the kernel's loop mount of a partition needs root") {
-        return;
-    }
-    if !fuse_available() && skip("FUSE is not available") {
+    if !partition_oracles("the kernel's loop mount of a partition needs root") || !fuse_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk");
-    std::fs::File::create(&disk).unwrap().set_len(200 << 20).unwrap();
-    let mut sfdisk = Command::new("sfdisk").arg("-q").arg(&disk).stdin(std::process::Stdio::piped()).spawn().unwrap();
-    use std::io::Write;
-    sfdisk.stdin.take().unwrap().write_all(b"label: gpt\n,64M,L\n,100M,L\n").unwrap();
-    assert!(sfdisk.wait().unwrap().success());
-    let parts: Vec<(u64, u64)> =
-        sfdisk_partitions(&disk).into_iter().map(|(start, n)| (start * 512, n * 512)).collect();
-    assert_eq!(parts.len(), 2, "{parts:?}");
+    let parts: Vec<(u64, u64)> = gpt_disk_of_two(&disk).into_iter().map(|(start, n)| (start * 512, n * 512)).collect();
     for &(start, len) in &parts {
         run(Command::new("mkfs.ext4")
             .args(["-q", "-F", "-b", "4096", "-E", &format!("offset={start}")])
@@ -501,12 +499,7 @@ fn two_reproducible_runs_give_byte_identical_images_the_kernel_walks_as_the_tree
 
 #[test]
 fn an_mbr_disk_with_logical_partitions_read_and_written_by_number() {
-    for tool in ["sfdisk", "mkfs.ext4", "e2fsck", "losetup"] {
-        if !have(tool) && skip(&format!("{tool} is not installed")) {
-            return;
-        }
-    }
-    if !is_root() && skip("the kernel's view of the partitions needs root (losetup -P, mount)") {
+    if !partition_oracles("the kernel's view of the partitions needs root (losetup -P, mount)") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
