@@ -313,12 +313,8 @@ fn byte_range(dev: &dyn BlockDevice, region: Region) -> Result<ByteRange> {
 /// # Errors
 /// `Busy` as above; what finding the region gives.
 pub fn check_unused(path: &Path, region: Region) -> Result<()> {
-    let Ok(file) = File::open(path) else { return Ok(()) };
-    let range = match region {
-        Region::Whole => ByteRange::WHOLE,
-        _ => byte_range(&FileDevice::open_unchecked(path, false)?, region)?,
-    };
-    in_use::check_range_unused(path, &file, range)
+    let Ok(dev) = FileDevice::open_unchecked(path, false) else { return Ok(()) };
+    in_use::check_range_unused(path, &dev.file, byte_range(&dev, region)?)
 }
 
 impl FileDevice {
