@@ -12,7 +12,6 @@
 
 use crate::show::{escape, CliResult, Failure};
 use crate::target::{open_ro, OpenArgs};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use uext4::format::superblock::*;
 
@@ -56,7 +55,15 @@ pub fn run(a: InfoArgs) -> CliResult<()> {
             (sb, notes)
         }
         Err(refused) => {
-            let (sb, problem) = read_superblock(&a.image).map_err(|e| Failure::refused(format!("info: {e}")))?;
+            let (sb, problem) = match read_superblock(&a.image) {
+                Ok(found) => found,
+                // The library's refusal says more (a partition table where a
+                // superblock should be, the region asked for) than the bare magic.
+                Err(uext4::Error::Corrupt { .. }) if matches!(refused, uext4::Error::Corrupt { .. }) => {
+                    return Err(Failure::refused(format!("info: {refused}")))
+                }
+                Err(e) => return Err(Failure::refused(format!("info: {e}"))),
+            };
             let mut notes = Vec::new();
             let refused = refused.to_string();
             if let Some(p) = problem.filter(|p| *p != refused) {
@@ -121,21 +128,17 @@ fn journal_feature_names(word: u32, known: &[(u32, &str)], letter: char) -> Vec<
 /// The primary superblock straight from the image, and what is wrong with it if
 /// it does not validate but still has the ext2/3/4 magic.
 fn read_superblock(image: &Path) -> uext4::Result<(Superblock, Option<String>)> {
-    let file = std::fs::File::open(image).map_err(|e| {
-        uext4::Error::Io(std::io::Error::new(e.kind(), format!("cannot open {}: {e}", image.display())))
-    })?;
+    // The filesystem `--offset` or `--partition` names, as the open would read it.
+    let file = uext4::FileDevice::open(image, false)?;
+    let dev = uext4::BoundedDevice::open(std::sync::Arc::new(file), crate::target::region())?;
     let mut raw = [0u8; SUPERBLOCK_SIZE];
-    if let Err(e) = file.read_exact_at(&mut raw, SUPERBLOCK_OFFSET) {
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-        return Err(if size < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
-            uext4::Error::corrupt(
-                format!("{size} bytes is too small to hold a superblock"),
-                image.display().to_string(),
-            )
-        } else {
-            uext4::Error::Io(std::io::Error::new(e.kind(), format!("cannot read {}: {e}", image.display())))
-        });
+    if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+        return Err(uext4::Error::corrupt(
+            format!("{} bytes is too small to hold a superblock", dev.size()),
+            image.display().to_string(),
+        ));
     }
+    dev.read_at(SUPERBLOCK_OFFSET, &mut raw)?;
     match Superblock::parse(&raw, true) {
         Ok(sb) => Ok((sb, None)),
         Err(e) => {

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use uext4::mkfs::{mkfs, MkfsOptions};
+pub use uext4::tunables::parse_size;
 use uext4::{Error, Filesystem, Options, Result};
 
 #[derive(clap::Args)]
@@ -65,25 +66,6 @@ pub fn parse_uuid(s: &str) -> std::result::Result<Uuid, String> {
         out[i] = u8::from_str_radix(text, 16).map_err(|_| format!("'{s}' is not a UUID (bad hex digit)"))?;
     }
     Ok(Uuid(Some(out)))
-}
-
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(format!("unknown size suffix '{c}' (use K, M, G or T)")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size '{s}' is too large"))
 }
 
 pub fn run(a: MkfsArgs) -> Result<()> {

@@ -1132,6 +1132,16 @@ mod tests {
         assert_eq!((c.flags, c.atime), (libc::MS_NOEXEC, AtimeMode::Never));
         assert_eq!(parse_options(&[]).unwrap().flags, libc::MS_NOSUID | libc::MS_NODEV);
         assert!(parse_options(&["sync".into()]).is_err());
+        use uext4::dev::Region;
+        assert_eq!(parse_options(&["offset=1M".into()]).unwrap().opts.region, Region::Offset(1 << 20));
+        assert_eq!(
+            parse_options(&["partition=2".into(), "partition=2".into()]).unwrap().opts.region,
+            Region::Partition(2)
+        );
+        let e = parse_options(&["partition=2".into(), "offset=1M".into()]).err().unwrap().to_string();
+        assert!(e.contains("offset=1M") && e.contains("partition 2"), "{e}");
+        let e = parse_options(&["offset=1X".into()]).err().unwrap().to_string();
+        assert!(e.contains("offset=1X"), "{e}");
     }
 
     #[test]

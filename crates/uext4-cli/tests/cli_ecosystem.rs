@@ -254,6 +254,9 @@ fn a_gpt_disk_of_two_ext4_partitions_read_both_write_the_second() {
     let whole = uext4().arg("ls").arg(format!("{}:/", disk.display())).output().unwrap();
     let said = String::from_utf8_lossy(&whole.stderr);
     assert!(!whole.status.success() && said.contains("partition table") && said.contains("--partition N"), "{said}");
+    let info = uext4().arg("info").arg(&disk).output().unwrap();
+    let said = String::from_utf8_lossy(&info.stderr);
+    assert!(!info.status.success() && said.contains("--partition N"), "info says where to look too: {said}");
     let after = std::fs::read(&disk).unwrap();
     assert_eq!(outside(&after), outside(&before), "bytes outside partition 2 changed (table, partition 1, backup GPT)");
     assert_eq!(p1_alone(&after), p1_alone(&before));
@@ -307,27 +310,51 @@ fn partitions_of_one_disk_image_are_held_apart() {
     let mkdir = |partition: u32, path: &str| {
         uext4().args(["mkdir", "--partition", &partition.to_string()]).arg(at(path)).output().unwrap()
     };
-    let refused_by = |out: std::process::Output, holder: &str| {
+    // A refusal names the partition asked for and who holds it.
+    let refused_by = |out: std::process::Output, partition: u32, holder: &str| {
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success() && said.contains("held by") && said.contains(holder), "{said}");
+        let asked = format!("partition {partition} of {}", disk.display());
+        assert!(!out.status.success() && said.contains(&asked), "{said}");
+        assert!(said.contains("held by") && said.contains(holder), "{said}");
+        said
+    };
+    let by_offset = |path: &str| {
+        let start = parts[0].0.to_string();
+        uext4().args(["mkdir", "--offset", &start]).arg(at(path)).output().unwrap()
     };
 
     // uext4 holds partition 1: partition 2 is written beside it, and mounted too.
     let first = UextMount::new(&disk, "partition=1");
     std::fs::write(first.dir.join("one"), b"1\n").unwrap();
     assert!(mkdir(2, "/beside-a-mount").status.success());
-    refused_by(mkdir(1, "/refused"), "uext4 at");
+    refused_by(mkdir(1, "/refused"), 1, "uext4 at");
     let second = UextMount::new(&disk, "partition=2");
     std::fs::write(second.dir.join("two"), b"2\n").unwrap();
     let spare = dir.path().join("spare");
     std::fs::create_dir(&spare).unwrap();
-    let again = uext4().arg("mount").arg(&disk).arg(&spare).args(["-o", "partition=2"]).output().unwrap();
-    if again.status.success() {
-        run(uext4().arg("umount").arg(&spare));
-    }
-    refused_by(again, "uext4 at");
-    second.unmount();
+    let mount_spare = |options: &[&str]| {
+        let out = uext4().arg("mount").arg(&disk).arg(&spare).args(options).output().unwrap();
+        if out.status.success() {
+            run(uext4().arg("umount").arg(&spare));
+        }
+        out
+    };
+    refused_by(mount_spare(&["-o", "partition=2"]), 2, "uext4 at");
+    let said = refused_by(mount_spare(&["-o", "ro,partition=2"]), 2, "uext4 at");
+    assert!(
+        said.contains("read-only mount"),
+        "a read-only mount is told why it must wait, not that it would corrupt: {said}"
+    );
+    // Two places named at once is a mistake to point out, not a choice to make.
+    let both = mount_spare(&["--partition", "2", "-o", "partition=1"]);
+    assert!(!both.status.success() && String::from_utf8_lossy(&both.stderr).contains("partition=1"), "{both:?}");
+    // A filesystem named by its offset is as much its own as by its partition
+    // number: held while partition 1 is mounted, free beside partition 2.
+    let said = String::from_utf8_lossy(&by_offset("/refused").stderr).into_owned();
+    assert!(said.contains(&format!("offset {} of", parts[0].0)) && said.contains("held by"), "{said}");
     first.unmount();
+    assert!(by_offset("/by-offset").status.success(), "--offset of partition 1 ran into partition 2's lock");
+    second.unmount();
 
     // The kernel holds partition 2 through a loop device over its bytes.
     let (start, len) = parts[1];
@@ -343,7 +370,7 @@ fn partitions_of_one_disk_image_are_held_apart() {
     let outcome = std::panic::catch_unwind(|| {
         assert!(mounted.status.success(), "{mounted:?}");
         assert!(mkdir(1, "/beside-the-kernel").status.success());
-        refused_by(mkdir(2, "/refused"), "the kernel (ext4)");
+        refused_by(mkdir(2, "/refused"), 2, "the kernel (ext4)");
     });
     if mounted.status.success() {
         run(Command::new("umount").arg(&kmnt));
@@ -364,14 +391,14 @@ fn partitions_of_one_disk_image_are_held_apart() {
         names.sort();
         seen.push(names);
     }
-    assert_eq!(seen[0], ["beside-the-kernel", "lost+found", "one"]);
+    assert_eq!(seen[0], ["beside-the-kernel", "by-offset", "lost+found", "one"]);
     assert_eq!(seen[1], ["beside-a-mount", "lost+found", "two"]);
 
     // Partition 2 held under another name, the kernel's loop partition node
     // over the same bytes: a uext4 mount of that node keeps the CLI out of
     // partition 2 of the file, and not out of partition 1.
     let through_node = UextMount::new(Path::new(&kernel.part(2)), "ro");
-    refused_by(mkdir(2, "/refused"), "uext4");
+    refused_by(mkdir(2, "/refused"), 2, "uext4");
     assert!(mkdir(1, "/beside-the-node").status.success());
     through_node.unmount();
     // A fresh loop device: the first one's cache predates that write.

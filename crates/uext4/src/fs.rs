@@ -327,8 +327,8 @@ impl Filesystem {
             {
                 Error::Corrupt {
                     what: format!(
-                        "{what}; the device starts with a partition table: open one of its partitions \
-                         (Options::region; the CLI's --partition N)"
+                        "{what}; the image starts with a partition table: name one of its partitions \
+                         (--partition N)"
                     ),
                     location,
                 }

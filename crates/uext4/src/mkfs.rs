@@ -533,8 +533,7 @@ impl BlockDevice for DiscardDevice {
 /// A filesystem in a region of an existing image or device, written in place
 /// (nothing truncated, nothing outside the region touched).
 fn mkfs_in_region(path: &Path, opts: &MkfsOptions) -> Result<Superblock> {
-    crate::dev::check_unused(path, opts.region)?;
-    let file = FileDevice::open_region(path, true, opts.region)?;
+    let file = FileDevice::open_for_mkfs(path, opts.region, opts.size)?;
     let dev = crate::dev::BoundedDevice::open(std::sync::Arc::new(file), opts.region)?;
     let mut opts = opts.clone();
     if opts.size == 0 {

@@ -42,6 +42,31 @@ fn number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
     value.parse().map_err(|_| Error::Invalid(format!("{key}={value}: not a number")))
 }
 
+/// A byte count with an optional K, M, G or T suffix (powers of 1024), as
+/// `--size`, `--offset` and `-o offset=` take it.
+///
+/// # Errors
+/// A message naming the text when it is not a count, has another suffix, or
+/// overflows 64 bits.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let unit = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix '{c}' (use K, M, G or T)")),
+            };
+            (&s[..i], unit)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    n.checked_mul(unit).ok_or_else(|| format!("size '{s}' is too large"))
+}
+
 /// extent_zeroout_len in blocks, or its alias extent_max_zeroout_kb in KiB.
 fn zeroout_blocks(key: &str, value: &str, block_size: u32) -> Result<u32> {
     let n: u32 = number(key, value)?;
@@ -73,10 +98,31 @@ impl Options {
             "hash_goal" => self.hash_goal = on_off(key, value)?,
             "pdirops" => self.pdirops = on_off(key, value)?,
             "inline_data" => self.inline_data = on_off(key, value)?,
-            "offset" => self.region = crate::dev::Region::Offset(number(key, value)?),
-            "partition" => self.region = crate::dev::Region::Partition(number(key, value)?),
+            "offset" | "partition" => self.set_region(key, value)?,
             _ => return not_yet(key, value),
         }
+        Ok(())
+    }
+}
+
+impl Options {
+    /// `offset=` or `partition=`: where the filesystem lies. A second place
+    /// different from one already given (`--partition 2` and `-o
+    /// partition=1`, or an offset and a partition) is refused, not a silent
+    /// choice of the last.
+    fn set_region(&mut self, key: &str, value: &str) -> Result<()> {
+        use crate::dev::Region;
+        let region = match key {
+            "offset" => Region::Offset(parse_size(value).map_err(|e| Error::Invalid(format!("offset={value}: {e}")))?),
+            _ => Region::Partition(number(key, value)?),
+        };
+        if self.region != Region::Whole && self.region != region {
+            return Err(Error::Invalid(format!(
+                "{key}={value} names a different place than {} given before: give one",
+                self.region
+            )));
+        }
+        self.region = region;
         Ok(())
     }
 }

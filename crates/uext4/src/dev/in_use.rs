@@ -360,10 +360,10 @@ pub(crate) fn examine(file: &File, range: ByteRange, exclusive: bool, writable: 
 /// Refuses (`Error::Busy`) an image whose `range` a uext4 process or the kernel
 /// holds, without keeping any lock: for callers about to replace the file
 /// (mkfs) or checking before a writable open.
-pub(crate) fn check_range_unused(path: &Path, file: &File, range: ByteRange) -> Result<()> {
+pub(crate) fn check_range_unused(what: &str, file: &File, range: ByteRange) -> Result<()> {
     let users = examine(file, range, false, false)?;
     if users.any() {
-        return Err(busy(path, &users));
+        return Err(busy(what, &users, true));
     }
     Ok(())
 }
@@ -374,8 +374,18 @@ pub fn held_at(file: &File, at: u64) -> Result<bool> {
     lock_seen(file, ByteRange { start: at, len: 1 })
 }
 
-pub(crate) fn busy(path: &Path, users: &Users) -> Error {
-    Error::Busy(format!("{} is held by {}; writing to it now would corrupt it", path.display(), users.describe()))
+/// The refusal of `what` ("/tmp/disk.img", "partition 2 of /tmp/disk.img")
+/// for an open that would write (`writing`) or a read-only mount, which must
+/// be its bytes' only user: what it showed would change underneath it.
+pub(crate) fn busy(what: &str, users: &Users, writing: bool) -> Error {
+    let why = match writing {
+        true => "writing to it now would corrupt it",
+        false => {
+            "a read-only mount of it now would show a filesystem changing underneath it \
+                  (`uext4 ls`, `cat` and `info` read it with a warning)"
+        }
+    };
+    Error::Busy(format!("{what} is held by {}; {why}", users.describe()))
 }
 
 #[cfg(test)]

@@ -212,7 +212,23 @@ impl FileDevice {
     /// As [`FileDevice::open`]; `Invalid`, `Corrupt` or `Unsupported` when the
     /// region cannot be found (see [`Region::locate`]).
     pub fn open_region(path: &Path, writable: bool, region: Region) -> Result<FileDevice> {
-        Self::open_as(path, writable, writable, region)
+        Self::open_as(path, writable, writable, region, |dev| byte_range(dev, region))
+    }
+
+    /// Opens an image to make a filesystem of `size` bytes (0: all the rest)
+    /// in `region`: the lock covers what mkfs will write, not what an old
+    /// filesystem there said it spanned.
+    ///
+    /// # Errors
+    /// As [`FileDevice::open_region`].
+    pub(crate) fn open_for_mkfs(path: &Path, region: Region, size: u64) -> Result<FileDevice> {
+        Self::open_as(path, true, true, region, |dev| {
+            if region == Region::Whole {
+                return Ok(ByteRange::WHOLE);
+            }
+            let (start, rest) = region.locate(dev)?;
+            Ok(ByteRange { start, len: if size == 0 { rest } else { size.min(rest) } })
+        })
     }
 
     /// Opens an image with its exclusive lock even when read-only: a mount, which
@@ -221,16 +237,22 @@ impl FileDevice {
     /// # Errors
     /// As [`FileDevice::open_region`], and `Busy` while another process holds the lock.
     pub fn open_locked(path: &Path, writable: bool, region: Region) -> Result<FileDevice> {
-        Self::open_as(path, writable, true, region)
+        Self::open_as(path, writable, true, region, |dev| byte_range(dev, region))
     }
 
-    fn open_as(path: &Path, writable: bool, exclusive: bool, region: Region) -> Result<FileDevice> {
+    fn open_as(
+        path: &Path,
+        writable: bool,
+        exclusive: bool,
+        region: Region,
+        range_of: impl FnOnce(&FileDevice) -> Result<ByteRange>,
+    ) -> Result<FileDevice> {
         let mut dev = Self::open_unchecked(path, writable)?;
         // Finding a partition reads its table: nothing is written before the check.
-        let range = byte_range(&dev, region)?;
+        let range = range_of(&dev)?;
         let users = in_use::examine(&dev.file, range, exclusive, writable)?;
         if exclusive && users.locked || writable && users.any() {
-            return Err(in_use::busy(path, &users));
+            return Err(in_use::busy(&naming(path, region), &users, writable));
         }
         dev.others = users.any().then(|| users.describe());
         dev.locked = range;
@@ -297,12 +319,31 @@ impl FileDevice {
 }
 
 /// The bytes of `dev` that `region` names, for its lock (`Whole`: all of it,
-/// however it grows).
+/// however it grows). A filesystem at an offset ends where its superblock's
+/// block count says, not at the end of the image: one image may hold several
+/// filesystems one after another with no partition table (two `--offset`s),
+/// and each must leave the others usable.
 fn byte_range(dev: &dyn BlockDevice, region: Region) -> Result<ByteRange> {
-    match region {
-        Region::Whole => Ok(ByteRange::WHOLE),
-        _ => region.locate(dev).map(|(start, len)| ByteRange { start, len }),
-    }
+    let (start, rest) = match region {
+        Region::Whole => return Ok(ByteRange::WHOLE),
+        _ => region.locate(dev)?,
+    };
+    let len = match region {
+        Region::Offset(_) => filesystem_len(dev, start).map_or(rest, |len| len.min(rest)),
+        _ => rest,
+    };
+    Ok(ByteRange { start, len })
+}
+
+/// The bytes the ext4 filesystem starting at `start` spans, from its
+/// superblock; `None` when no valid superblock is there (nothing to bound
+/// it by, so its lock runs to the end of the image).
+fn filesystem_len(dev: &dyn BlockDevice, start: u64) -> Option<u64> {
+    use crate::format::superblock::{Superblock, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE};
+    let mut raw = [0u8; SUPERBLOCK_SIZE];
+    dev.read_at(start.checked_add(SUPERBLOCK_OFFSET)?, &mut raw).ok()?;
+    let sb = Superblock::parse(&raw, false).ok()?;
+    sb.s_blocks_count.checked_mul(u64::from(sb.block_size())).filter(|&len| len > 0)
 }
 
 /// Refuses (`Error::Busy`) an image whose `region` a uext4 process or the
@@ -314,7 +355,16 @@ fn byte_range(dev: &dyn BlockDevice, region: Region) -> Result<ByteRange> {
 /// `Busy` as above; what finding the region gives.
 pub fn check_unused(path: &Path, region: Region) -> Result<()> {
     let Ok(dev) = FileDevice::open_unchecked(path, false) else { return Ok(()) };
-    in_use::check_range_unused(path, &dev.file, byte_range(&dev, region)?)
+    in_use::check_range_unused(&naming(path, region), &dev.file, byte_range(&dev, region)?)
+}
+
+/// The image, or the region of it, as a refusal names it: which of several
+/// filesystems in one image was asked for ("partition 2 of /tmp/disk.img").
+fn naming(path: &Path, region: Region) -> String {
+    match region {
+        Region::Whole => path.display().to_string(),
+        _ => format!("{region} of {}", path.display()),
+    }
 }
 
 impl FileDevice {
@@ -812,6 +862,31 @@ mod tests {
         let mut head = [0u8; 8192];
         before.read_at(0, &mut head).unwrap();
         assert!(head.iter().all(|&b| b == 0), "nothing written outside");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn filesystems_one_after_another_in_one_image_lock_apart() {
+        let path = std::env::temp_dir().join(format!("uext4-two-offsets-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 24 << 20]).unwrap();
+        let make = |offset: u64| {
+            let opts = crate::mkfs::MkfsOptions { size: 8 << 20, region: Region::Offset(offset), ..Default::default() };
+            crate::mkfs::mkfs(&path, &opts).unwrap();
+        };
+        make(0);
+        make(8 << 20);
+        let first = FileDevice::open_region(&path, true, Region::Offset(0)).unwrap();
+        assert_eq!(first.locked, ByteRange { start: 0, len: 8 << 20 }, "the first filesystem's own bytes");
+        let second = FileDevice::open_region(&path, true, Region::Offset(8 << 20)).unwrap();
+        assert_eq!(second.locked, ByteRange { start: 8 << 20, len: 8 << 20 });
+        // Past both filesystems no superblock bounds the region: to the end.
+        let rest = FileDevice::open_region(&path, true, Region::Offset(16 << 20)).unwrap();
+        assert_eq!(rest.locked, ByteRange { start: 16 << 20, len: 8 << 20 });
+        // mkfs over the first locks what it will write, not the old superblock's span.
+        drop(first);
+        let mkfs_bigger = FileDevice::open_for_mkfs(&path, Region::Offset(0), 12 << 20);
+        assert!(matches!(mkfs_bigger, Err(Error::Busy(_))), "a bigger filesystem at 0 would overwrite the second");
+        drop((second, rest));
         std::fs::remove_file(&path).unwrap();
     }
 

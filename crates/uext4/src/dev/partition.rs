@@ -26,6 +26,16 @@ pub enum Region {
     Partition(u32),
 }
 
+impl std::fmt::Display for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Region::Whole => write!(f, "the whole image"),
+            Region::Offset(offset) => write!(f, "offset {offset}"),
+            Region::Partition(n) => write!(f, "partition {n}"),
+        }
+    }
+}
+
 impl Region {
     /// Byte offset and length of the region on `dev`.
     ///
