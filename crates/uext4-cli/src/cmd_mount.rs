@@ -881,7 +881,7 @@ fn unescape(field: &str) -> Vec<u8> {
 /// go of the image, and checks the image needs no journal recovery: success
 /// means every change made through the mount is in the image. A daemon that
 /// is gone, dies before it is done, or fails to write back makes this fail.
-pub fn umount(a: UmountArgs) -> Result<()> {
+pub fn umount(a: UmountArgs) -> crate::show::CliResult<()> {
     let mountpoint =
         a.mountpoint.canonicalize().map_err(|e| io_error(format!("cannot find {}", a.mountpoint.display()), e))?;
     let mount = mounted_here(&mountpoint)?;
@@ -890,9 +890,9 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let Ok(mut daemon) = daemon else {
         // Nobody serves the mount: take the dead mount away, and say what it cost.
         let _ = unmount(&mountpoint, true);
-        return Err(Error::Invalid(format!(
-            "no uext4 daemon serves {} any more (killed or crashed?): changes it had not committed to the \
-             journal are lost; the next writable open of {} replays the journal",
+        return Err(crate::show::Failure::refused(format!(
+            "umount: {} is detached, but no uext4 daemon served it any more (killed or crashed?): changes it \
+             had not committed to the journal are lost; the next writable open of {} recovers the journal",
             mountpoint.display(),
             image.display()
         )));
@@ -916,8 +916,8 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     drop(notice);
     let ending = ending.trim();
     if heard.is_err() || ending.is_empty() {
-        return Err(Error::Invalid(format!(
-            "the uext4 daemon serving {} ended before it had written everything back (killed or crashed?) \
+        return Err(crate::show::Failure::refused(format!(
+            "umount: the uext4 daemon serving {} ended before it had written everything back (killed or crashed?) \
              after {:.1}s: changes it had not committed to the journal are lost; the next writable open \
              replays the journal",
             image.display(),
@@ -925,7 +925,10 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         )));
     }
     if let Some(why) = ending.strip_prefix("failed: ") {
-        return Err(Error::Invalid(format!("the uext4 daemon serving {} failed: {why}", image.display())));
+        return Err(crate::show::Failure::refused(format!(
+            "umount: the uext4 daemon serving {} failed: {why}",
+            image.display()
+        )));
     }
     // The daemon holds the image until its process ends.
     if let Some(pid) = daemon_pid {
@@ -962,15 +965,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let region = if offset == 0 { uext4::dev::Region::Whole } else { uext4::dev::Region::Offset(offset) };
     let sb = Filesystem::open(&image, Options { region, ..Options::default() })?.superblock();
     if sb.has_incompat(uext4::format::superblock::INCOMPAT_RECOVER) {
-        return Err(Error::Invalid(format!(
-            "{} was left needing journal recovery: the daemon did not write everything back",
+        return Err(crate::show::Failure::refused(format!(
+            "umount: {} was left needing journal recovery: the daemon did not write everything back",
             image.display()
         )));
     }
     // Once the kernel has let go of every inode, none is open: none may stay an orphan.
     if sb.s_last_orphan != 0 {
-        return Err(Error::Invalid(format!(
-            "{} was left with inode {} on its orphan list: the daemon did not release every inode; run e2fsck -f",
+        return Err(crate::show::Failure::refused(format!(
+            "umount: {} was left with inode {} on its orphan list: the daemon did not release every inode; run e2fsck -f",
             image.display(),
             sb.s_last_orphan
         )));

@@ -230,7 +230,7 @@ fn run_command(command: Command) -> show::CliResult<()> {
         Command::Getfattr(a) => cmd_edit::getfattr(a),
         Command::Demo(a) => demo::run(a).map_err(Into::into),
         Command::Mount(a) => cmd_mount::mount(a).map_err(Into::into),
-        Command::Umount(a) => cmd_mount::umount(a).map_err(Into::into),
+        Command::Umount(a) => cmd_mount::umount(a),
         Command::Sync(a) => cmd_mount::sync(a).map_err(Into::into),
         Command::Tune(a) => cmd_mount::tune(a).map_err(Into::into),
         Command::Bench(a) => uext4_bench::run(&a).map_err(|e| show::Failure::from(uext4::Error::Invalid(e.0))),

@@ -337,8 +337,19 @@ pub fn check_then_apply(
 }
 
 /// Opens an image writable for the editing commands.
+/// Says so when the image's last writer stopped without unmounting (a
+/// killed daemon, a crash): the committed changes it left in the journal
+/// have just been written home, as the kernel's mount logs "recovery complete".
 pub fn open_rw(image: &std::path::Path) -> Result<Filesystem> {
-    Filesystem::open(image, options(false))
+    let fs = Filesystem::open(image, options(false))?;
+    if fs.replayed_journal_blocks() > 0 {
+        eprintln!(
+            "uext4: {} was not unmounted cleanly: its journal was recovered ({} blocks written home)",
+            image.display(),
+            fs.replayed_journal_blocks()
+        );
+    }
+    Ok(fs)
 }
 
 pub fn parse_target(s: &str) -> std::result::Result<Target, String> {

@@ -147,7 +147,7 @@ pub struct Filesystem {
     /// Parsed inodes (inodes.rs), sharded by inode number.
     pub(crate) inode_cache: Vec<InodeCacheShard>,
     pub(crate) inode_cache_shard_capacity: usize,
-    /// Set when a journal was replayed in memory at open.
+    /// Set when the journal needed recovery at open (see `replayed_journal_blocks`).
     pub(crate) replayed_journal_blocks: usize,
     /// Inodes whose extent tree split a node since the last sync: sync packs their
     /// trees again (see `extent::write`).
@@ -396,7 +396,7 @@ impl Filesystem {
         let mut replayed = 0;
         if sb.has_incompat(INCOMPAT_RECOVER) && sb.has_compat(COMPAT_HAS_JOURNAL) {
             if !read_only {
-                let sb = Self::recover_journal_home(&dev, &sb, &opts)?;
+                let (sb, replayed) = Self::recover_journal_home(&dev, &sb, &opts)?;
                 return Self::finish_open(dev, sb, opts, read_only, reason, replayed);
             }
             let (blocks, _) = Self::replay_journal_in_memory(&dev, &sb, &opts)?;
@@ -730,7 +730,8 @@ impl Filesystem {
     }
 
     #[doc(hidden)]
-    /// How many blocks the journal replay (in memory) supplied at open; 0 if none.
+    /// How many blocks journal recovery supplied at open (in memory for a
+    /// read-only open, written home for a writable one); 0 if none was needed.
     pub fn replayed_journal_blocks(&self) -> usize {
         self.replayed_journal_blocks
     }
@@ -743,7 +744,12 @@ impl Filesystem {
     /// Writable open of an image whose journal needs recovery: the replayed blocks
     /// go home, the journal is marked empty and needs_recovery is cleared, in that
     /// order, each step flushed (a crash in between just recovers again).
-    fn recover_journal_home(dev: &Arc<dyn BlockDevice>, sb: &Superblock, opts: &Options) -> Result<Superblock> {
+    /// Returns the superblock and how many blocks went home.
+    fn recover_journal_home(
+        dev: &Arc<dyn BlockDevice>,
+        sb: &Superblock,
+        opts: &Options,
+    ) -> Result<(Superblock, usize)> {
         let (blocks, next_sequence) = Self::replay_journal_in_memory(dev, sb, opts)?;
         let before_replay = sb;
         let bs = sb.block_size() as u64;
@@ -773,7 +779,7 @@ impl Filesystem {
         sb.keep_error_info(before_replay);
         dev.write_at(SUPERBLOCK_OFFSET, &sb.to_bytes())?;
         dev.flush()?;
-        Ok(sb)
+        Ok((sb, blocks.len()))
     }
 
     fn replay_journal_in_memory(
