@@ -178,8 +178,10 @@ impl<'a> Importer<'a> {
     }
 
     /// Copies host `src` to `name` in image directory `parent`.
+    /// Without -r a symlink named on the command line is followed, as GNU cp
+    /// follows it (`uext4 cp /dev/stdin IMG:/x` copies what stdin holds).
     pub(crate) fn copy(&mut self, src: &Path, parent: u32, name: &[u8]) -> Result<()> {
-        let md = std::fs::symlink_metadata(src).map_err(|e| host_error(src, e))?;
+        let md = host_metadata(src, self.recursive).map_err(|e| host_error(src, e))?;
         self.copy_with(src, &md, parent, name)
     }
 
@@ -220,6 +222,12 @@ impl<'a> Importer<'a> {
             }
             let ino = self.fs.create(parent, name, perm, owner)?.ino;
             self.copy_data(src, ino, md.len())?;
+            ino
+        } else if !self.recursive && (ft.is_fifo() || ft.is_char_device() || ft.is_block_device()) {
+            // GNU cp without -r copies what a pipe or device yields into a
+            // regular file, to its end (/dev/stdin, a fifo, /dev/null).
+            let ino = self.fs.create(parent, name, perm, owner)?.ino;
+            self.copy_stream(src, ino)?;
             ino
         } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
             let kind = if ft.is_fifo() {
@@ -273,6 +281,43 @@ impl<'a> Importer<'a> {
         self.buf = buf;
         let end = copied?;
         // Trailing zeros stay a hole: only the size moves.
+        if self.fs.stat(ino)?.size < end {
+            self.fs.setattr(ino, &SetAttr { size: Some(end), ..Default::default() })?;
+        }
+        Ok(())
+    }
+
+    /// Copies what reading `src` from its start yields, to its end: a pipe
+    /// or device, which has neither a size nor offsets to read at.
+    fn copy_stream(&mut self, src: &Path, ino: u32) -> Result<()> {
+        use std::io::Read;
+        let mut f = std::fs::File::open(src).map_err(|e| host_error(src, e))?;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(1 << 20, 0);
+        let mut copy = || -> Result<u64> {
+            let mut off = 0u64;
+            loop {
+                let n = match f.read(&mut buf) {
+                    Ok(0) => return Ok(off),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(host_error(src, e)),
+                };
+                if off + n as u64 > self.fs.max_file_size() {
+                    return Err(Error::FileTooLarge(format!(
+                        "{} yielded more than {} bytes, the largest file this image can hold",
+                        src.display(),
+                        self.fs.max_file_size()
+                    )));
+                }
+                self.copy_piece(src, ino, off, &buf[..n])?;
+                off += n as u64;
+                self.bytes += n as u64;
+            }
+        };
+        let copied = copy();
+        self.buf = buf;
+        let end = copied?;
         if self.fs.stat(ino)?.size < end {
             self.fs.setattr(ino, &SetAttr { size: Some(end), ..Default::default() })?;
         }
@@ -392,6 +437,15 @@ fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u
 /// cp's rule for the destination: into an existing directory under each source's
 /// own name, else (one source) as the destination name itself. Every source and the
 /// destination are checked before the first file is copied.
+/// A source's metadata as cp sees it: its own with -r (a symlink is copied
+/// as one), what it points to without (GNU cp follows command-line links then).
+fn host_metadata(src: &Path, recursive: bool) -> std::io::Result<std::fs::Metadata> {
+    match recursive {
+        true => std::fs::symlink_metadata(src),
+        false => std::fs::metadata(src),
+    }
+}
+
 pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool, jobs: usize) -> CliResult<()> {
     check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive, jobs))
 }
@@ -410,7 +464,7 @@ fn copy_in_pass(
     let mut refused = Vec::new();
     for src in sources {
         let shown = crate::show::quoted(&src.display().to_string());
-        match std::fs::symlink_metadata(src) {
+        match host_metadata(src, recursive) {
             Err(e) => refused.push(Failure::refused(format!("cp: cannot stat {shown}: {}", host_reason(&e)))),
             Ok(m) if m.is_dir() && !recursive => {
                 refused.push(Failure::refused(format!("cp: -r not specified; omitting directory {shown}")))

@@ -389,6 +389,57 @@ fn pseudo_files_are_copied_to_their_end_not_their_stated_size() {
     drop(guard);
 }
 
+/// Without -r a symlink named on the command line is followed and a pipe or
+/// device is read to its end into a regular file, as GNU cp does (`uext4 cp
+/// /dev/stdin IMG:/x` stored a symlink to /proc/self/fd/0); with -r a symlink
+/// stays one. Judged by the kernel's mount of the image beside GNU cp's copy.
+#[test]
+fn command_line_symlinks_and_pipes_are_followed_as_gnu_cp_follows_them() {
+    if unsafe { libc::geteuid() } != 0 && skip("loop mounts need root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("fs.img");
+    run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("32M"));
+    let (file, link) = (dir.path().join("file"), dir.path().join("link"));
+    std::fs::write(&file, b"the file's bytes\n".repeat(1000)).unwrap();
+    std::os::unix::fs::symlink("file", &link).unwrap();
+    let at = |name: &str| format!("{}:/{name}", image.display());
+    let bin = env!("CARGO_BIN_EXE_uext4");
+    let piped = b"through a pipe\n".repeat(100_000);
+    let mut cp = Command::new(bin)
+        .arg("cp")
+        .arg("/dev/stdin")
+        .arg(at("from-stdin"))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut cp.stdin.take().unwrap(), &piped).unwrap();
+    assert!(cp.wait().unwrap().success());
+    run(Command::new(bin).arg("cp").arg(&link).arg(at("followed")));
+    run(Command::new(bin).arg("cp").arg("/dev/null").arg(at("null")));
+    run(Command::new(bin).arg("cp").arg("-r").arg(&link).arg(at("kept")));
+    // GNU cp's own copies, for the file types.
+    let gnu = dir.path().join("gnu");
+    std::fs::create_dir(&gnu).unwrap();
+    run(Command::new("cp").arg(&link).arg(gnu.join("followed")));
+    run(Command::new("cp").arg("/dev/null").arg(gnu.join("null")));
+    run(Command::new("cp").arg("-r").arg(&link).arg(gnu.join("kept")));
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
+    let guard = Mount(mnt.clone());
+    assert_eq!(std::fs::read(mnt.join("from-stdin")).unwrap(), piped);
+    assert_eq!(std::fs::read(mnt.join("followed")).unwrap(), std::fs::read(&file).unwrap());
+    for name in ["followed", "null", "kept"] {
+        let (ours, theirs) = (std::fs::symlink_metadata(mnt.join(name)), std::fs::symlink_metadata(gnu.join(name)));
+        assert_eq!(ours.unwrap().file_type(), theirs.unwrap().file_type(), "{name}");
+    }
+    assert!(std::fs::symlink_metadata(mnt.join("from-stdin")).unwrap().is_file());
+    assert_eq!(std::fs::read_link(mnt.join("kept")).unwrap(), Path::new("file"));
+    drop(guard);
+}
+
 /// `cp -r DIR/. IMG:/dest` copies what DIR holds into an existing dest, as GNU
 /// cp does (not DIR under its own name); into a new dest, DIR itself as dest.
 #[test]
