@@ -11,6 +11,15 @@
 //! those had been a shard lock and an allocation freed by the other thread).
 //! So a table holds at most `SHARDS * SWEEP_AT` free locks, plus those in use.
 //!
+//! Each thread also remembers the last few locks it found (`Memo`): a change
+//! in one directory takes that directory's entries in several tables, each
+//! several times, and every trip through a shard wrote the shard's mutex and
+//! the lock's reference count, lines the other threads changing names in the
+//! same directory wrote too. A remembered lock is found without either. A
+//! memo holds a reference, so a remembered lock is never swept: all who ask
+//! for a key get the one lock, and each thread keeps at most `MEMO_SLOTS`
+//! locks of each kind alive beyond the bound above.
+//!
 //! Callers that take several must take them in ascending key order (the lock order
 //! of docs/ARCHITECTURE.md); `lock_many`, `write_many` and `lock_modes` do that
 //! for them.
@@ -18,7 +27,9 @@
 use crate::number_map::NumberMap;
 use crate::padded::CachePadded;
 use parking_lot::{ArcMutexGuard, ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawMutex, RawRwLock, RwLock};
+use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const SHARDS: usize = 64;
@@ -32,11 +43,79 @@ type Shard<L> = CachePadded<Mutex<NumberMap<u64, Arc<L>>>>;
 /// Locks of type `L`, one per key in use (and a bounded number of free ones), in shards.
 struct Shards<L> {
     shards: Vec<Shard<L>>,
+    /// This table among all tables ever made, for the memos: an address could
+    /// be a dropped table's, whose locks are not this one's.
+    id: u64,
 }
 
 impl<L: Default> Default for Shards<L> {
     fn default() -> Shards<L> {
-        Shards { shards: (0..SHARDS).map(|_| CachePadded::default()).collect() }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Shards { shards: (0..SHARDS).map(|_| CachePadded::default()).collect(), id }
+    }
+}
+
+/// Locks a thread remembers per kind of lock.
+const MEMO_SLOTS: usize = 8;
+
+/// A thread's recently found locks of one kind: (table id, key, lock, last
+/// use), the least recently used replaced first.
+struct Memo<L> {
+    slots: [Option<(u64, u64, Arc<L>)>; MEMO_SLOTS],
+    used: [u64; MEMO_SLOTS],
+    clock: u64,
+}
+
+impl<L> Default for Memo<L> {
+    fn default() -> Memo<L> {
+        Memo { slots: std::array::from_fn(|_| None), used: [0; MEMO_SLOTS], clock: 0 }
+    }
+}
+
+impl<L> Memo<L> {
+    /// The remembered lock of (`table`, `key`), or the one `find` gives, remembered.
+    fn get(&mut self, table: u64, key: u64, find: impl FnOnce() -> Arc<L>) -> &Arc<L> {
+        self.clock += 1;
+        let hit = self.slots.iter().position(|s| s.as_ref().is_some_and(|(t, k, _)| *t == table && *k == key));
+        let at = match hit {
+            Some(at) => at,
+            None => {
+                let oldest = (0..MEMO_SLOTS).min_by_key(|&i| self.used[i]).unwrap_or(0);
+                self.slots[oldest] = Some((table, key, find()));
+                oldest
+            }
+        };
+        self.used[at] = self.clock;
+        let (_, _, lock) = self.slots[at].as_ref().expect("filled above");
+        lock
+    }
+}
+
+/// A kind of lock with a per-thread memo.
+trait Memoized: Sized + Default + 'static {
+    fn with_memo<R>(f: impl FnOnce(&mut Memo<Self>) -> R) -> R;
+}
+
+impl Memoized for Mutex<()> {
+    fn with_memo<R>(f: impl FnOnce(&mut Memo<Self>) -> R) -> R {
+        thread_local!(static MEMO: RefCell<Memo<Mutex<()>>> = RefCell::default());
+        MEMO.with(|m| f(&mut m.borrow_mut()))
+    }
+}
+
+impl Memoized for RwLock<()> {
+    fn with_memo<R>(f: impl FnOnce(&mut Memo<Self>) -> R) -> R {
+        thread_local!(static MEMO: RefCell<Memo<RwLock<()>>> = RefCell::default());
+        MEMO.with(|m| f(&mut m.borrow_mut()))
+    }
+}
+
+impl<L: Memoized> Shards<L> {
+    /// Runs `f` on `key`'s lock, found through this thread's memo. `f` may
+    /// block (taking the lock): the memo is this thread's alone.
+    fn with<R>(&self, key: u64, f: impl FnOnce(&Arc<L>) -> R) -> R {
+        L::with_memo(|memo| f(memo.get(self.id, key, || self.get(key))))
     }
 }
 
@@ -45,8 +124,8 @@ impl<L: Default> Shards<L> {
         &self.shards[crate::number_map::shard_of(key, SHARDS)]
     }
 
-    /// `key`'s lock. A holder or waiter owns a clone of the `Arc`, so an entry
-    /// whose count is one (the map's own) is free, and only such are swept.
+    /// `key`'s lock. A holder, a waiter or a memo owns a clone of the `Arc`, so
+    /// an entry whose count is one (the map's own) is free, and only such are swept.
     fn get(&self, key: u64) -> Arc<L> {
         let mut map = self.shard(key).lock();
         if let Some(lock) = map.get(&key) {
@@ -78,14 +157,12 @@ pub struct Held<'a> {
 
 impl LockTable {
     pub fn lock(&self, key: u64) -> Held<'_> {
-        let m = self.locks.get(key);
-        Held { _guard: Mutex::lock_arc(&m), _table: PhantomData }
+        Held { _guard: self.locks.with(key, Mutex::lock_arc), _table: PhantomData }
     }
 
     /// Takes the lock of `key` only if nobody holds it.
     pub fn try_lock(&self, key: u64) -> Option<Held<'_>> {
-        let m = self.locks.get(key);
-        Mutex::try_lock_arc(&m).map(|guard| Held { _guard: guard, _table: PhantomData })
+        self.locks.with(key, Mutex::try_lock_arc).map(|guard| Held { _guard: guard, _table: PhantomData })
     }
 
     /// Locks every distinct key, in ascending order.
@@ -125,19 +202,16 @@ pub struct RwHeld<'a> {
 
 impl RwLockTable {
     pub fn read(&self, key: u64) -> RwHeld<'_> {
-        let l = self.locks.get(key);
-        RwHeld { guard: RwGuard::Read(RwLock::read_arc(&l)), _table: PhantomData }
+        RwHeld { guard: RwGuard::Read(self.locks.with(key, RwLock::read_arc)), _table: PhantomData }
     }
 
     pub fn write(&self, key: u64) -> RwHeld<'_> {
-        let l = self.locks.get(key);
-        RwHeld { guard: RwGuard::Write(RwLock::write_arc(&l)), _table: PhantomData }
+        RwHeld { guard: RwGuard::Write(self.locks.with(key, RwLock::write_arc)), _table: PhantomData }
     }
 
     /// Takes the lock of `key` for writing only if nobody holds it.
     pub fn try_write(&self, key: u64) -> Option<RwHeld<'_>> {
-        let l = self.locks.get(key);
-        RwLock::try_write_arc(&l).map(|g| RwHeld { guard: RwGuard::Write(g), _table: PhantomData })
+        self.locks.with(key, RwLock::try_write_arc).map(|g| RwHeld { guard: RwGuard::Write(g), _table: PhantomData })
     }
 
     pub fn lock(&self, key: u64, mode: Mode) -> RwHeld<'_> {
@@ -195,6 +269,37 @@ mod tests {
     }
 
     #[test]
+    fn a_remembered_lock_is_the_one_every_thread_finds() {
+        // This thread remembers table one's lock 5, then table one goes and
+        // another table (perhaps at the same address) takes its place.
+        let one = RwLockTable::default();
+        drop(one.write(5));
+        drop(one);
+        let two = RwLockTable::default();
+        let held = two.write(5);
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(two.try_write(5).is_none(), "this thread holds table two's lock 5"));
+        });
+        drop(held);
+        // Many keys through the memo, then a remembered one, held: still excludes.
+        for k in 0..100 {
+            drop(two.read(k));
+        }
+        let held = two.write(99);
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(two.try_write(99).is_none()));
+        });
+        drop(held);
+        let table = LockTable::default();
+        let held = table.lock(1);
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(table.try_lock(1).is_none()));
+        });
+        drop(held);
+        assert!(table.try_lock(1).is_some());
+    }
+
+    #[test]
     fn free_locks_are_swept_and_held_ones_kept() {
         let table = RwLockTable::default();
         let held: Vec<RwHeld<'_>> = (0..100u64).map(|k| table.write(k)).collect();
@@ -202,7 +307,7 @@ mod tests {
         for k in 1_000..1_001_000u64 {
             drop(table.read(k));
         }
-        assert!(table.locks.len() <= 100 + SHARDS * SWEEP_AT, "{} entries", table.locks.len());
+        assert!(table.locks.len() <= 100 + SHARDS * SWEEP_AT + MEMO_SLOTS, "{} entries", table.locks.len());
         for k in 0..100u64 {
             assert!(table.try_write(k).is_none(), "lock {k} survived the sweeps while held");
         }
