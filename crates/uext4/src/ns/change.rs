@@ -181,7 +181,7 @@ impl Filesystem {
         let is_dir = mode & S_IFMT == S_IFDIR;
         let names = self.lock_names(&[(parent, name)])?;
         let _subdir_links = is_dir.then(|| self.lock_subdir_links(parent)).flatten();
-        self.require_dir(parent)?;
+        // The lookup refuses a parent that is no directory (NotADirectory).
         if self.lookup_held(parent, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
@@ -509,8 +509,8 @@ impl Filesystem {
             });
         }
         let names = self.lock_names(&[(parent, name)])?;
-        self.require_dir(parent)?;
         let shown = || String::from_utf8_lossy(name).into_owned();
+        // The lookup refuses a parent that is no directory (NotADirectory).
         let (ino, at) = self.lookup_held_at(parent, name, None)?.ok_or_else(|| Error::NotFound(shown()))?;
         if expect.is_some_and(|e| e != ino) {
             return Err(Error::NotFound(format!("{} now names another inode", shown())));

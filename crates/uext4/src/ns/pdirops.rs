@@ -84,30 +84,37 @@ impl Filesystem {
     /// directories in ascending inode order, shared where pdirops applies, then
     /// the name slots of the shared ones in ascending key order.
     ///
+    /// With pdirops on every directory is first taken shared and judged once
+    /// held: an indexed one stays so (nothing un-indexes a directory), any
+    /// other is let go and taken exclusive. Judging before taking the lock
+    /// as well read each directory's inode twice per change, a line both
+    /// CPUs changing names in one directory met on.
+    ///
     /// # Errors
     /// What reading a directory's inode gives (out of range, I/O).
     pub(crate) fn lock_names(&self, names: &[(u32, &[u8])]) -> Result<NameLocks<'_>> {
         let mut dirs: Vec<u32> = names.iter().map(|&(d, _)| d).collect();
         dirs.sort_unstable();
         dirs.dedup();
+        let first = if self.pdirops { Mode::Shared } else { Mode::Exclusive };
+        let mut modes: Vec<(u64, Mode)> = dirs.iter().map(|&d| (d as u64, first)).collect();
         loop {
-            let mut modes = Vec::with_capacity(dirs.len());
-            for &d in &dirs {
-                let mode = if self.wants_parallel(d)? { Mode::Shared } else { Mode::Exclusive };
-                modes.push((d as u64, mode));
-            }
             let held = self.dir_locks.lock_modes(&modes);
-            let shared: Vec<u32> = modes.iter().filter(|(_, m)| *m == Mode::Shared).map(|&(d, _)| d as u32).collect();
-            // A shared hold is only worth anything on an indexed directory; one
-            // that is not (never seen: nothing un-indexes) is retried.
-            let mut still = true;
-            for &d in &shared {
-                still &= self.wants_parallel(d)?;
+            // Each round turns at least one directory exclusive, so this ends.
+            let mut linear = Vec::new();
+            for (i, &(d, mode)) in modes.iter().enumerate() {
+                if mode == Mode::Shared && !self.wants_parallel(d as u32)? {
+                    linear.push(i);
+                }
             }
-            if !still {
+            if !linear.is_empty() {
                 drop(held);
+                for i in linear {
+                    modes[i].1 = Mode::Exclusive;
+                }
                 continue;
             }
+            let shared: Vec<u32> = modes.iter().filter(|(_, m)| *m == Mode::Shared).map(|&(d, _)| d as u32).collect();
             let keys: Vec<u64> =
                 names.iter().filter(|(d, _)| shared.contains(d)).map(|&(d, n)| slot_key(d, n)).collect();
             let names_held = self.name_locks.write_many(&keys);
