@@ -131,6 +131,7 @@ pub mod inodes;
 pub mod journal;
 #[doc(hidden)]
 pub mod locks;
+mod memo;
 pub mod mkfs;
 #[doc(hidden)]
 pub mod ns;

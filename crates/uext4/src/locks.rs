@@ -24,12 +24,12 @@
 //! of docs/ARCHITECTURE.md); `lock_many`, `write_many` and `lock_modes` do that
 //! for them.
 
+use crate::memo::Memo;
 use crate::number_map::NumberMap;
 use crate::padded::CachePadded;
 use parking_lot::{ArcMutexGuard, ArcRwLockReadGuard, ArcRwLockWriteGuard, Mutex, RawMutex, RawRwLock, RwLock};
 use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const SHARDS: usize = 64;
@@ -50,45 +50,7 @@ struct Shards<L> {
 
 impl<L: Default> Default for Shards<L> {
     fn default() -> Shards<L> {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Shards { shards: (0..SHARDS).map(|_| CachePadded::default()).collect(), id }
-    }
-}
-
-/// Locks a thread remembers per kind of lock.
-const MEMO_SLOTS: usize = 8;
-
-/// A thread's recently found locks of one kind: (table id, key, lock, last
-/// use), the least recently used replaced first.
-struct Memo<L> {
-    slots: [Option<(u64, u64, Arc<L>)>; MEMO_SLOTS],
-    used: [u64; MEMO_SLOTS],
-    clock: u64,
-}
-
-impl<L> Default for Memo<L> {
-    fn default() -> Memo<L> {
-        Memo { slots: std::array::from_fn(|_| None), used: [0; MEMO_SLOTS], clock: 0 }
-    }
-}
-
-impl<L> Memo<L> {
-    /// The remembered lock of (`table`, `key`), or the one `find` gives, remembered.
-    fn get(&mut self, table: u64, key: u64, find: impl FnOnce() -> Arc<L>) -> &Arc<L> {
-        self.clock += 1;
-        let hit = self.slots.iter().position(|s| s.as_ref().is_some_and(|(t, k, _)| *t == table && *k == key));
-        let at = match hit {
-            Some(at) => at,
-            None => {
-                let oldest = (0..MEMO_SLOTS).min_by_key(|&i| self.used[i]).unwrap_or(0);
-                self.slots[oldest] = Some((table, key, find()));
-                oldest
-            }
-        };
-        self.used[at] = self.clock;
-        let (_, _, lock) = self.slots[at].as_ref().expect("filled above");
-        lock
+        Shards { shards: (0..SHARDS).map(|_| CachePadded::default()).collect(), id: crate::memo::next_owner_id() }
     }
 }
 
@@ -115,7 +77,10 @@ impl<L: Memoized> Shards<L> {
     /// Runs `f` on `key`'s lock, found through this thread's memo. `f` may
     /// block (taking the lock): the memo is this thread's alone.
     fn with<R>(&self, key: u64, f: impl FnOnce(&Arc<L>) -> R) -> R {
-        L::with_memo(|memo| f(memo.get(self.id, key, || self.get(key))))
+        L::with_memo(|memo| match memo.find(self.id, key) {
+            Some(lock) => f(lock),
+            None => f(memo.remember(self.id, key, self.get(key))),
+        })
     }
 }
 
@@ -307,7 +272,11 @@ mod tests {
         for k in 1_000..1_001_000u64 {
             drop(table.read(k));
         }
-        assert!(table.locks.len() <= 100 + SHARDS * SWEEP_AT + MEMO_SLOTS, "{} entries", table.locks.len());
+        assert!(
+            table.locks.len() <= 100 + SHARDS * SWEEP_AT + crate::memo::MEMO_SLOTS,
+            "{} entries",
+            table.locks.len()
+        );
         for k in 0..100u64 {
             assert!(table.try_write(k).is_none(), "lock {k} survived the sweeps while held");
         }

@@ -40,6 +40,9 @@ pub struct Buffer {
     verified: AtomicBool,
     dirty: AtomicBool,
     referenced: AtomicBool,
+    /// Set when `forget` drops it: a thread's memo may still hold it, and must
+    /// not hand it out for the block's next life.
+    forgotten: AtomicBool,
 }
 
 impl Buffer {
@@ -92,6 +95,23 @@ pub struct BufferCache {
     /// been cleaned or forgotten since: takers skip those).
     dirty: Mutex<Vec<Arc<Buffer>>>,
     dirty_count: AtomicUsize,
+    /// This cache among all caches of the process, for the memos.
+    id: u64,
+    /// Lookups answered by a thread's memo, counted per thread slot so that
+    /// counting writes no line another thread writes.
+    memo_hits: Vec<CachePadded<AtomicU64>>,
+}
+
+thread_local!(static BUFFER_MEMO: std::cell::RefCell<crate::memo::Memo<Buffer>> = Default::default());
+
+/// Counter slots for per-thread statistics.
+const THREAD_SLOTS: usize = 16;
+
+/// This thread's counter slot: threads numbered as they first ask.
+fn thread_slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local!(static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % THREAD_SLOTS);
+    SLOT.with(|s| *s)
 }
 
 /// Blocks the cache may hold beyond `capacity()` under any workload whose
@@ -112,6 +132,8 @@ impl BufferCache {
             verifications: AtomicU64::new(0),
             dirty: Mutex::new(Vec::new()),
             dirty_count: AtomicUsize::new(0),
+            id: crate::memo::next_owner_id(),
+            memo_hits: (0..THREAD_SLOTS).map(|_| CachePadded::default()).collect(),
         }
     }
 
@@ -157,7 +179,7 @@ impl BufferCache {
         class: IoClass,
         verify: impl FnOnce(&[u8]) -> Result<()>,
     ) -> Result<Arc<Buffer>> {
-        let b = match self.lookup(block) {
+        let b = match self.lookup_remembered(block) {
             Some(b) => b,
             None => {
                 self.classify(block, class);
@@ -218,10 +240,33 @@ impl BufferCache {
     /// The buffer of `block` if it is cached now (a hit, counted as one), never
     /// reading: for callers with another way to make a missing block.
     pub fn cached(&self, block: u64) -> Option<Arc<Buffer>> {
-        self.lookup(block)
+        self.lookup_in_shard(block)
     }
 
     fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
+        self.lookup_in_shard(block)
+    }
+
+    /// The cached buffer of `block`, from this thread's memo when it
+    /// remembers it (see `memo.rs`: an htree root or leaf that every change
+    /// of names in its directory reads was a shard mutex every thread wrote),
+    /// else from its shard. Only for directory, extent and xattr blocks
+    /// (`get_verified_as`): remembered inode-table blocks of a walk stayed
+    /// pinned in a small cache while the read-ahead of the next needed room.
+    fn lookup_remembered(&self, block: u64) -> Option<Arc<Buffer>> {
+        BUFFER_MEMO.with(|memo| {
+            let mut memo = memo.borrow_mut();
+            if let Some(b) = memo.find(self.id, block).filter(|b| !b.forgotten.load(Ordering::Acquire)) {
+                self.memo_hits[thread_slot()].fetch_add(1, Ordering::Relaxed);
+                return Some(b.clone());
+            }
+            let b = self.lookup_in_shard(block)?;
+            memo.remember(self.id, block, b.clone());
+            Some(b)
+        })
+    }
+
+    fn lookup_in_shard(&self, block: u64) -> Option<Arc<Buffer>> {
         let mut shard = self.shard(block).lock();
         let b = shard.map.get(&block)?.clone();
         shard.hits += 1;
@@ -245,6 +290,7 @@ impl BufferCache {
             verified: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             referenced: AtomicBool::new(false),
+            forgotten: AtomicBool::new(false),
         });
         shard.map.insert(block, buf.clone());
         shard.clock.push_back(block);
@@ -274,7 +320,11 @@ impl BufferCache {
 
     /// Drops every buffer nobody holds that is clean (the kernel's drop_caches):
     /// the next access reads it from the device again. Returns how many went.
+    ///
+    /// Buffers other threads' memos remember (at most `MEMO_SLOTS` each) count
+    /// as held and stay; the calling thread's own are let go first.
     pub fn drop_clean(&self) -> usize {
+        BUFFER_MEMO.with(|memo| memo.borrow_mut().forget_owner(self.id));
         let mut dropped = 0;
         for shard in &self.shards {
             let mut shard = shard.lock();
@@ -306,6 +356,7 @@ impl BufferCache {
             model.classes().untag(block);
         }
         if let Some(b) = self.shard(block).lock().map.remove(&block) {
+            b.forgotten.store(true, Ordering::Release);
             b.dirty.store(false, Ordering::Release);
         }
     }
@@ -454,7 +505,8 @@ impl BufferCache {
 
     pub fn stats(&self) -> CacheStats {
         CacheStats {
-            hits: self.shards.iter().map(|s| s.lock().hits).sum(),
+            hits: self.shards.iter().map(|s| s.lock().hits).sum::<u64>()
+                + self.memo_hits.iter().map(|h| h.load(Ordering::Relaxed)).sum::<u64>(),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             checksum_verifications: self.verifications.load(Ordering::Relaxed),
@@ -492,6 +544,30 @@ impl Drop for Writeback {
 mod tests {
     use super::*;
     use crate::dev::MemDevice;
+
+    #[test]
+    fn a_remembered_directory_block_is_never_handed_out_after_it_is_forgotten() {
+        let dev = Arc::new(MemDevice::new(vec![1u8; 64 * 1024]));
+        let cache = BufferCache::new(dev.clone(), 1024, 1);
+        let ok = |_: &[u8]| Ok(());
+        let first = cache.get_verified_as(7, IoClass::Directory, ok).unwrap();
+        let again = cache.get_verified_as(7, IoClass::Directory, ok).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "one buffer per block, remembered or not");
+        drop((first, again));
+        assert_eq!(cache.drop_clean(), 1, "this thread's memo let go of it");
+        let remembered = cache.get_verified_as(7, IoClass::Directory, ok).unwrap();
+        drop(cache.get_verified_as(7, IoClass::Directory, ok).unwrap());
+        // Freed, then written anew behind the cache (file data goes straight to the device).
+        cache.forget(7);
+        dev.write_at(7 * 1024, &[2u8; 1024]).unwrap();
+        let next_life = cache.get_verified_as(7, IoClass::Directory, ok).unwrap();
+        assert!(!Arc::ptr_eq(&remembered, &next_life));
+        assert_eq!(next_life.read()[0], 2, "the forgotten buffer came back from the memo");
+        // Other threads find the same buffer as this one.
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(Arc::ptr_eq(&cache.get(7).unwrap(), &next_life)));
+        });
+    }
 
     #[test]
     fn read_ahead_loads_a_run_in_one_request_and_keeps_cached_blocks() {
