@@ -56,20 +56,35 @@ impl<L: Default> Default for Shards<L> {
 
 /// A kind of lock with a per-thread memo.
 trait Memoized: Sized + Default + 'static {
-    fn with_memo<R>(f: impl FnOnce(&mut Memo<Self>) -> R) -> R;
+    /// Runs `f` on this thread's memo, or on none while the thread is
+    /// exiting and its memo is gone (a lock taken from another thread-local's
+    /// destructor).
+    fn with_memo<R>(f: impl FnOnce(Option<&mut Memo<Self>>) -> R) -> R;
+}
+
+/// `f` on the memo in `key`, or on none once the thread has dropped it.
+fn on_memo<V: 'static, R, F: FnOnce(Option<&mut Memo<V>>) -> R>(
+    key: &'static std::thread::LocalKey<RefCell<Memo<V>>>,
+    f: F,
+) -> R {
+    let mut f = Some(f);
+    match key.try_with(|m| (f.take().expect("run once"))(Some(&mut m.borrow_mut()))) {
+        Ok(r) => r,
+        Err(_) => (f.take().expect("not run yet"))(None),
+    }
 }
 
 impl Memoized for Mutex<()> {
-    fn with_memo<R>(f: impl FnOnce(&mut Memo<Self>) -> R) -> R {
+    fn with_memo<R>(f: impl FnOnce(Option<&mut Memo<Self>>) -> R) -> R {
         thread_local!(static MEMO: RefCell<Memo<Mutex<()>>> = RefCell::default());
-        MEMO.with(|m| f(&mut m.borrow_mut()))
+        on_memo(&MEMO, f)
     }
 }
 
 impl Memoized for RwLock<()> {
-    fn with_memo<R>(f: impl FnOnce(&mut Memo<Self>) -> R) -> R {
+    fn with_memo<R>(f: impl FnOnce(Option<&mut Memo<Self>>) -> R) -> R {
         thread_local!(static MEMO: RefCell<Memo<RwLock<()>>> = RefCell::default());
-        MEMO.with(|m| f(&mut m.borrow_mut()))
+        on_memo(&MEMO, f)
     }
 }
 
@@ -77,9 +92,12 @@ impl<L: Memoized> Shards<L> {
     /// Runs `f` on `key`'s lock, found through this thread's memo. `f` may
     /// block (taking the lock): the memo is this thread's alone.
     fn with<R>(&self, key: u64, f: impl FnOnce(&Arc<L>) -> R) -> R {
-        L::with_memo(|memo| match memo.find(self.id, key) {
-            Some(lock) => f(lock),
-            None => f(memo.remember(self.id, key, self.get(key))),
+        L::with_memo(|memo| match memo {
+            None => f(&self.get(key)),
+            Some(memo) => match memo.find(self.id, key) {
+                Some(lock) => f(lock),
+                None => f(memo.remember(self.id, key, self.get(key))),
+            },
         })
     }
 }

@@ -47,12 +47,13 @@ impl<V> Memo<V> {
         self.slots[at].as_ref().map(|(_, _, v)| v)
     }
 
-    /// Remembers `value` as (`owner`, `key`) in place of the least recently
-    /// used entry (or of the same key's entry).
+    /// Remembers `value` as (`owner`, `key`) in place of the same key's entry,
+    /// else an empty slot, else the least recently used entry.
     pub(crate) fn remember(&mut self, owner: u64, key: u64, value: Arc<V>) -> &Arc<V> {
         self.clock += 1;
         let same = self.slots.iter().position(|s| s.as_ref().is_some_and(|(o, k, _)| *o == owner && *k == key));
-        let at = same.unwrap_or_else(|| (0..MEMO_SLOTS).min_by_key(|&i| self.used[i]).unwrap_or(0));
+        let empty = || self.slots.iter().position(Option::is_none);
+        let at = same.or_else(empty).unwrap_or_else(|| (0..MEMO_SLOTS).min_by_key(|&i| self.used[i]).unwrap_or(0));
         self.used[at] = self.clock;
         let (_, _, v) = self.slots[at].insert((owner, key, value));
         v
@@ -85,5 +86,17 @@ mod tests {
         assert!(memo.find(2, 0).is_none(), "another owner's key 0");
         memo.forget_owner(1);
         assert!(memo.find(1, 0).is_none());
+        // Emptied slots are filled before any remembered entry is replaced,
+        // even one used longer ago than they were.
+        let mut memo = Memo::default();
+        memo.remember(2, 7, Arc::new(7));
+        for k in 0..MEMO_SLOTS as u64 - 1 {
+            memo.remember(1, k, Arc::new(k));
+        }
+        memo.forget_owner(1);
+        for k in 0..MEMO_SLOTS as u64 - 1 {
+            memo.remember(3, k, Arc::new(k));
+        }
+        assert!(memo.find(2, 7).is_some(), "an empty slot was there for every entry");
     }
 }

@@ -19,8 +19,10 @@
 //! writes home past a quarter. What remains is the slack of the shards: each
 //! evicts on its own, so the cache may exceed `capacity()` by at most
 //! `capacity() / 4` blocks held unevictable in excess of their fair share in one
-//! shard, plus the buffers callers hold at that moment (`RESIDENT_SLACK_BLOCKS`
-//! states a bound for tests).
+//! shard, plus the buffers callers hold at that moment, plus up to
+//! `memo::MEMO_SLOTS` (8) directory, extent or xattr blocks each thread that
+//! used the cache remembers (`lookup_remembered`) for as long as it lives
+//! (`RESIDENT_SLACK_BLOCKS` states a bound for tests, of up to 16 threads).
 
 use crate::dev::{BlockDevice, IoClass};
 use crate::error::Result;
@@ -111,13 +113,14 @@ const THREAD_SLOTS: usize = 16;
 fn thread_slot() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local!(static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed) % THREAD_SLOTS);
-    SLOT.with(|s| *s)
+    SLOT.try_with(|s| *s).unwrap_or(0)
 }
 
 /// Blocks the cache may hold beyond `capacity()` under any workload whose
 /// unevictable buffers its owner keeps under three quarters of the capacity (see
-/// the module comment): one shard's excess plus buffers held by callers.
-pub const RESIDENT_SLACK_BLOCKS: usize = 256;
+/// the module comment): one shard's excess plus buffers held by callers, plus
+/// what the memos of up to 16 threads remember.
+pub const RESIDENT_SLACK_BLOCKS: usize = 256 + 16 * crate::memo::MEMO_SLOTS;
 
 impl BufferCache {
     pub fn new(dev: Arc<dyn BlockDevice>, block_size: usize, cache_mb: usize) -> BufferCache {
@@ -254,7 +257,8 @@ impl BufferCache {
     /// (`get_verified_as`): remembered inode-table blocks of a walk stayed
     /// pinned in a small cache while the read-ahead of the next needed room.
     fn lookup_remembered(&self, block: u64) -> Option<Arc<Buffer>> {
-        BUFFER_MEMO.with(|memo| {
+        // A thread that is exiting (its memo dropped) looks in the shard.
+        let remembered = BUFFER_MEMO.try_with(|memo| {
             let mut memo = memo.borrow_mut();
             if let Some(b) = memo.find(self.id, block).filter(|b| !b.forgotten.load(Ordering::Acquire)) {
                 self.memo_hits[thread_slot()].fetch_add(1, Ordering::Relaxed);
@@ -263,7 +267,8 @@ impl BufferCache {
             let b = self.lookup_in_shard(block)?;
             memo.remember(self.id, block, b.clone());
             Some(b)
-        })
+        });
+        remembered.unwrap_or_else(|_| self.lookup_in_shard(block))
     }
 
     fn lookup_in_shard(&self, block: u64) -> Option<Arc<Buffer>> {
@@ -324,7 +329,7 @@ impl BufferCache {
     /// Buffers other threads' memos remember (at most `MEMO_SLOTS` each) count
     /// as held and stay; the calling thread's own are let go first.
     pub fn drop_clean(&self) -> usize {
-        BUFFER_MEMO.with(|memo| memo.borrow_mut().forget_owner(self.id));
+        let _ = BUFFER_MEMO.try_with(|memo| memo.borrow_mut().forget_owner(self.id));
         let mut dropped = 0;
         for shard in &self.shards {
             let mut shard = shard.lock();

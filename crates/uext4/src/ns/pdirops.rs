@@ -5,9 +5,10 @@
 //! Protocol (levels as in docs/ARCHITECTURE.md):
 //! - The directory lock (`dir_locks`, 2a) is taken shared by a change in an
 //!   indexed directory when `pdirops` is on, exclusive otherwise (linear and
-//!   inline directories, pdirops off). A directory only ever turns indexed under
-//!   the exclusive hold (linear → htree) and never back, so "shared" is checked
-//!   again once held and stays true until released.
+//!   inline directories, pdirops off). A directory's index flag changes only
+//!   under the exclusive hold (linear → htree; remove_tree's clearing of a
+//!   directory it empties) or when the directory is freed, so "indexed" judged
+//!   under the shared hold stays true until it is released.
 //! - Under a shared hold, each name changed is locked by its hash slot
 //!   (`name_locks`, 2b, key (directory, slot)): two changes of one name
 //!   serialize, so an exclusive create or a rename stays atomic from its
@@ -85,8 +86,9 @@ impl Filesystem {
     /// the name slots of the shared ones in ascending key order.
     ///
     /// With pdirops on every directory is first taken shared and judged once
-    /// held: an indexed one stays so (nothing un-indexes a directory), any
-    /// other is let go and taken exclusive. Judging before taking the lock
+    /// held: an indexed one stays so (its index flag changes only under the
+    /// exclusive hold), any other is let go and taken exclusive: one more
+    /// uncontended lock and release for a change in a linear directory. Judging before taking the lock
     /// as well read each directory's inode twice per change, a line both
     /// CPUs changing names in one directory met on.
     ///
