@@ -303,16 +303,8 @@ impl<'a> Importer<'a> {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(host_error(src, e)),
                 };
-                if off + n as u64 > self.fs.max_file_size() {
-                    return Err(Error::FileTooLarge(format!(
-                        "{} yielded more than {} bytes, the largest file this image can hold",
-                        src.display(),
-                        self.fs.max_file_size()
-                    )));
-                }
-                self.copy_piece(src, ino, off, &buf[..n])?;
+                self.copy_unsized_piece(src, ino, off, &buf[..n], "yielded more than")?;
                 off += n as u64;
-                self.bytes += n as u64;
             }
         };
         let copied = copy();
@@ -357,17 +349,25 @@ impl<'a> Importer<'a> {
             if n == 0 {
                 return Ok(off);
             }
-            if off + n as u64 > self.fs.max_file_size() {
-                return Err(Error::FileTooLarge(format!(
-                    "{} grew past {} bytes, the largest file this image can hold",
-                    src.display(),
-                    self.fs.max_file_size()
-                )));
-            }
-            self.copy_piece(src, ino, off, &buf[..n])?;
+            self.copy_unsized_piece(src, ino, off, &buf[..n], "grew past")?;
             off += n as u64;
-            self.bytes += n as u64;
         }
+    }
+
+    /// `copy_piece` of bytes read past any size known beforehand (a pipe's, or
+    /// a file's past its stat'ed size): refused whole past the largest file,
+    /// saying the source `went` past it ("grew past", "yielded more than").
+    fn copy_unsized_piece(&mut self, src: &Path, ino: u32, off: u64, piece: &[u8], went: &str) -> Result<()> {
+        if off + piece.len() as u64 > self.fs.max_file_size() {
+            return Err(Error::FileTooLarge(format!(
+                "{} {went} {} bytes, the largest file this image can hold",
+                src.display(),
+                self.fs.max_file_size()
+            )));
+        }
+        self.copy_piece(src, ino, off, piece)?;
+        self.bytes += piece.len() as u64;
+        Ok(())
     }
 
     /// Writes `buf` (read from `off`): runs of 4 KiB pieces holding data go in one
