@@ -434,9 +434,6 @@ fn next_data(f: &std::fs::File, off: u64, len: u64) -> std::io::Result<Option<(u
     Ok(Some((data as u64, (hole as u64).min(len))))
 }
 
-/// cp's rule for the destination: into an existing directory under each source's
-/// own name, else (one source) as the destination name itself. Every source and the
-/// destination are checked before the first file is copied.
 /// A source's metadata as cp sees it: its own with -r (a symlink is copied
 /// as one), what it points to without (GNU cp follows command-line links then).
 fn host_metadata(src: &Path, recursive: bool) -> std::io::Result<std::fs::Metadata> {
@@ -446,6 +443,9 @@ fn host_metadata(src: &Path, recursive: bool) -> std::io::Result<std::fs::Metada
     }
 }
 
+/// cp's rule for the destination: into an existing directory under each source's
+/// own name, else (one source) as the destination name itself. Every source and the
+/// destination are checked before the first file is copied.
 pub fn copy_in(sources: &[std::path::PathBuf], dest: &Target, recursive: bool, jobs: usize) -> CliResult<()> {
     check_then_apply("cp", &[dest], |fs, pass| copy_in_pass(fs, pass, sources, dest, recursive, jobs))
 }

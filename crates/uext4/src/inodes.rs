@@ -112,14 +112,8 @@ impl Filesystem {
         if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 || !self.vol.cache.holds(gd.bg_inode_bitmap) {
             return Ok(None);
         }
-        let per_block = (self.vol.geo.block_size / self.vol.geo.inode_size) as u32;
-        let first = index / per_block * per_block;
         let bitmap = self.vol.cache.get(gd.bg_inode_bitmap)?;
-        let others_free = {
-            let bits = bitmap.read();
-            (first..(first + per_block).min(self.vol.geo.inodes_per_group))
-                .all(|i| i == index || !crate::format::bitmap::test_bit(&bits, i as usize))
-        };
+        let others_free = self.vol.geo.inode_block_others_free(&bitmap.read(), index);
         if !others_free || self.vol.cache.holds(block) {
             return Ok(None);
         }

@@ -11,7 +11,7 @@
 //! owners count remembered objects as held (never swept or evicted). Owner
 //! ids are unique for the life of the process (`next_owner_id`), never
 //! addresses: a dropped owner's objects are never mistaken for a new one's.
-//! The least recently used entry is replaced first.
+//! A new entry takes an empty slot, else the least recently used one's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

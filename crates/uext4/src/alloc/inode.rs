@@ -279,8 +279,8 @@ impl Allocator {
 
     /// Whether the inode-table block of slot `index` is one the inode's write
     /// will make from zeros without reading it (`inodes::inode_block_unread`):
-    /// not cached, and every other slot in it free in the bitmap (`others_free`), one whose
-    /// checksum was verified. Its slot is not read to be checked then either:
+    /// not cached, and every other slot in it free in the bitmap (`others_free`,
+    /// from `Geometry::inode_block_others_free`), one whose checksum was verified. Its slot is not read to be checked then either:
     /// the kernel trusts such a bitmap there, and a block read only for the
     /// check cost a read per new window of `dir_ireserve` (postmark's creates,
     /// 25x the modelled disk time). Without checksums a bitmap that lost bits
@@ -292,15 +292,6 @@ impl Allocator {
         let (bs, isz) = (self.vol.geo.block_size as u64, self.vol.geo.inode_size as u64);
         let block = gd.bg_inode_table + index as u64 * isz / bs;
         others_free && !self.vol.cache.holds(block)
-    }
-
-    /// Whether every slot sharing slot `index`'s inode-table block but it is
-    /// free in `bitmap`.
-    fn others_free(&self, bitmap: &[u8], index: u32) -> bool {
-        let per_block = (self.vol.geo.block_size / self.vol.geo.inode_size) as u32;
-        let first = index / per_block * per_block;
-        (first..(first + per_block).min(self.vol.geo.inodes_per_group))
-            .all(|i| i == index || !bitmap::test_bit(bitmap, i as usize))
     }
 
     /// A slot the bitmap calls free must not hold a live inode (links count 0): a
@@ -446,11 +437,13 @@ impl Allocator {
             _ if gd.bg_flags & EXT4_BG_INODE_UNINIT != 0 => 0,
             _ => ipg.saturating_sub(gd.bg_itable_unused),
         };
-        // The bitmap judged first and let go: no buffer lock held across the cache's shard lock.
-        let others_free = index < itable_trusted && self.others_free(&buf.read(), index);
-        if index < itable_trusted && !self.slot_block_written_unread(gd, others_free, index) {
-            // Before anything is set or dirtied: a refusal leaves the group as it was.
-            self.check_inode_slot_free(g, gd, index)?;
+        if index < itable_trusted {
+            // The bitmap judged first and let go: no buffer lock held across the cache's shard lock.
+            let others_free = self.vol.geo.inode_block_others_free(&buf.read(), index);
+            if !self.slot_block_written_unread(gd, others_free, index) {
+                // Before anything is set or dirtied: a refusal leaves the group as it was.
+                self.check_inode_slot_free(g, gd, index)?;
+            }
         }
         {
             let mut b = buf.write();

@@ -243,11 +243,7 @@ impl BufferCache {
     /// The buffer of `block` if it is cached now (a hit, counted as one), never
     /// reading: for callers with another way to make a missing block.
     pub fn cached(&self, block: u64) -> Option<Arc<Buffer>> {
-        self.lookup_in_shard(block)
-    }
-
-    fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
-        self.lookup_in_shard(block)
+        self.lookup(block)
     }
 
     /// The cached buffer of `block`, from this thread's memo when it
@@ -264,14 +260,15 @@ impl BufferCache {
                 self.memo_hits[thread_slot()].fetch_add(1, Ordering::Relaxed);
                 return Some(b.clone());
             }
-            let b = self.lookup_in_shard(block)?;
+            let b = self.lookup(block)?;
             memo.remember(self.id, block, b.clone());
             Some(b)
         });
-        remembered.unwrap_or_else(|_| self.lookup_in_shard(block))
+        remembered.unwrap_or_else(|_| self.lookup(block))
     }
 
-    fn lookup_in_shard(&self, block: u64) -> Option<Arc<Buffer>> {
+    /// The cached buffer of `block`, from its shard.
+    fn lookup(&self, block: u64) -> Option<Arc<Buffer>> {
         let mut shard = self.shard(block).lock();
         let b = shard.map.get(&block)?.clone();
         shard.hits += 1;

@@ -87,10 +87,10 @@ impl Filesystem {
     ///
     /// With pdirops on every directory is first taken shared and judged once
     /// held: an indexed one stays so (its index flag changes only under the
-    /// exclusive hold), any other is let go and taken exclusive: one more
-    /// uncontended lock and release for a change in a linear directory. Judging before taking the lock
-    /// as well read each directory's inode twice per change, a line both
-    /// CPUs changing names in one directory met on.
+    /// exclusive hold), any other is let go and taken exclusive, which costs a
+    /// change in a linear directory one more uncontended lock and release.
+    /// Judging before taking the lock as well read each directory's inode
+    /// twice per change, a line both CPUs changing names in one directory met on.
     ///
     /// # Errors
     /// What reading a directory's inode gives (out of range, I/O).

@@ -122,6 +122,16 @@ impl Geometry {
     pub fn inode_table_blocks(&self) -> u64 {
         (self.inodes_per_group as u64 * self.inode_size as u64).div_ceil(self.block_size as u64)
     }
+
+    /// Whether every slot sharing slot `index`'s inode-table block, but `index`
+    /// itself, is free in the group's inode `bitmap`: then nothing in that
+    /// block needs reading (the inode's write makes it from zeros).
+    pub(crate) fn inode_block_others_free(&self, bitmap: &[u8], index: u32) -> bool {
+        let per_block = (self.block_size / self.inode_size) as u32;
+        let first = index / per_block * per_block;
+        (first..(first + per_block).min(self.inodes_per_group))
+            .all(|i| i == index || !crate::format::bitmap::test_bit(bitmap, i as usize))
+    }
 }
 
 pub struct Volume {
