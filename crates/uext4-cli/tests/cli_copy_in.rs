@@ -45,6 +45,17 @@ impl Drop for Mount {
     }
 }
 
+/// e2fsck -fn finds nothing to say about `image` beyond its passes and summary
+/// (`what` says which copy, when a test makes several).
+fn assert_e2fsck_clean(image: &Path, what: &str) {
+    let fsck = run(Command::new("e2fsck").arg("-fn").arg(image));
+    assert!(
+        fsck.lines()
+            .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
+        "{what}: {fsck}"
+    );
+}
+
 /// Compares metadata of every path under `a` with the same path under `b`.
 fn compare_metadata(a: &Path, b: &Path) -> usize {
     let mut stack = vec![std::path::PathBuf::new()];
@@ -96,12 +107,7 @@ fn a_real_tree_copied_in_equals_the_source() {
     std::fs::hard_link(extra.join("one"), extra.join("two")).unwrap();
     let _ = Command::new("setfattr").args(["-n", "user.note", "-v", "kept"]).arg(extra.join("one")).status();
     run(Command::new(bin).args(["cp", "-r"]).arg(source).arg(&extra).arg(format!("{}:/", image.display())));
-    let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
-    assert!(
-        fsck.lines()
-            .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
-        "{fsck}"
-    );
+    assert_e2fsck_clean(&image, "");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
@@ -164,12 +170,7 @@ fn a_sparse_file_past_the_largest_file_size_is_refused_whole() {
     assert!(!out.status.success(), "cp of a 5 TiB file exited 0");
     assert!(err.contains("largest file"), "unclear message: {err}");
     run(Command::new(bin).arg("cp").arg(&near).arg(format!("{}:/near", image.display())));
-    let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
-    assert!(
-        fsck.lines()
-            .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
-        "{fsck}"
-    );
+    assert_e2fsck_clean(&image, "");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
@@ -272,12 +273,7 @@ fn copy_in_with_four_threads_equals_one_thread() {
         let image = dir.path().join(format!("j{jobs}.img"));
         run(Command::new("mkfs.ext4").args(["-q", "-F", "-b", "4096"]).arg(&image).arg("256M"));
         run(Command::new(bin).args(["cp", "-r", "-j", jobs]).arg(&src).arg(format!("{}:/", image.display())));
-        let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
-        assert!(
-            fsck.lines()
-                .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
-            "-j {jobs}: {fsck}"
-        );
+        assert_e2fsck_clean(&image, &format!("-j {jobs}"));
         let mnt = dir.path().join(format!("mnt{jobs}"));
         std::fs::create_dir(&mnt).unwrap();
         run(Command::new("mount").args(["-o", "ro,loop"]).arg(&image).arg(&mnt));
@@ -342,12 +338,7 @@ fn a_parallel_copy_that_fills_the_image_stops_whole() {
     assert!(!status.success(), "a 36 MB tree copied into a 16 MB image");
     assert!(err.contains("full") || err.contains("No space"), "unclear message: {err}");
     assert!(!err.contains("panicked"), "{err}");
-    let fsck = run(Command::new("e2fsck").arg("-fn").arg(&image));
-    assert!(
-        fsck.lines()
-            .all(|l| l.starts_with("Pass ") || l.starts_with("e2fsck ") || l.contains(" files (") || l.is_empty()),
-        "{fsck}"
-    );
+    assert_e2fsck_clean(&image, "");
 }
 
 /// Files whose size says nothing of their contents, as /proc and /sys have
@@ -419,6 +410,7 @@ fn command_line_symlinks_and_pipes_are_followed_as_gnu_cp_follows_them() {
     run(Command::new(bin).arg("cp").arg(&link).arg(at("followed")));
     run(Command::new(bin).arg("cp").arg("/dev/null").arg(at("null")));
     run(Command::new(bin).arg("cp").arg("-r").arg(&link).arg(at("kept")));
+    assert_e2fsck_clean(&image, "");
     // GNU cp's own copies, for the file types.
     let gnu = dir.path().join("gnu");
     std::fs::create_dir(&gnu).unwrap();
