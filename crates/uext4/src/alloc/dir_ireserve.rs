@@ -10,10 +10,12 @@
 //! (Jan Kara: the group is the parent's, not whatever the generic policy picks);
 //! only when none is free there does the file go where the ordinary policy puts
 //! it. A new directory looks for its window in the groups the ordinary policy
-//! would try, in that order; a top-level one where the kernel's Orlov puts it,
-//! packed from the first group of the emptiest flex group (windows keep each
-//! directory's files together, which the ordinary policy's spreading over
-//! single groups otherwise does, and packed windows go home in long runs).
+//! would try, in that order; a top-level one in the flex group where the
+//! ordinary policy would put it, packed from that flex group's first group:
+//! directories made one after another take windows one after another (seed
+//! 000's round-robin creates then walk windows and first blocks in order, and
+//! packed windows go home in long runs), where the kernel's Orlov choice, the
+//! emptiest flex group, alternated them between flex groups.
 //!
 //! Each group keeps a next-free-window hint (Mingming Cao): the first base
 //! window that may be free. Searches start there, never at bit 0, and a freed
@@ -261,13 +263,15 @@ impl InodePolicy for DirReservePolicy {
 
     fn preferred(&self, vol: &Volume, req: &InodeRequest) -> Vec<u32> {
         match req.is_dir {
-            // A top-level directory's window goes where the kernel's Orlov puts
-            // the directory: the emptiest flex group, packed from its first
-            // group. The ordinary policy spreads them over single groups, which
-            // keeps files of directories made round-robin apart when nothing
-            // else does; a window does that itself, and packed windows are
-            // written home in a few long runs instead of one per group.
-            true if req.parent == crate::ns::ROOT_INO => super::inode::flex_orlov_order(vol, req),
+            // A top-level directory's window goes in the flex group where the
+            // ordinary policy would put the directory, packed from its first
+            // group: directories made one after another stay together there,
+            // as their first blocks do (the flex group's first group), and
+            // packed windows are written home in a few long runs instead of
+            // one per group.
+            true if req.parent == crate::ns::ROOT_INO => {
+                super::inode::packed_in_flex(vol, self.ordinary.group_order(vol, req))
+            }
             true => self.ordinary.group_order(vol, req),
             false => vec![self.group_of(req.parent)],
         }

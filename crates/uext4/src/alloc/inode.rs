@@ -202,43 +202,21 @@ impl InodePolicy for MainlinePolicy {
     }
 }
 
-/// The kernel's Orlov order for a top-level directory on a flex_bg image
-/// (`find_group_orlov`): among flex groups with at least average free inodes
-/// and blocks, the one with the fewest directories, and in it its groups from
-/// the first (the kernel packs a flex group's inodes at the start of its
-/// inode tables); then every other group, from there on. Without flex groups
-/// (or with one) it is `MainlinePolicy`'s order.
-pub fn flex_orlov_order(vol: &Volume, req: &InodeRequest) -> Vec<u32> {
-    let groups = vol.groups.len();
-    let per_flex = (vol.geo.groups_per_flex as usize).clamp(1, groups.max(1));
+/// `order` (a policy's groups, best first) moved to start at the first group of
+/// the flex group its best group lies in: a window-reserving policy packs a
+/// top-level directory's window from there, in the flex group the ordinary
+/// policy chose, so directories made one after another keep their inodes (and
+/// their first blocks, which go to the flex group's first group) together.
+/// Without flex groups (or with one) it is `order` unchanged.
+pub fn packed_in_flex(vol: &Volume, order: Vec<u32>) -> Vec<u32> {
+    let groups = vol.geo.group_count;
+    let per_flex = vol.geo.groups_per_flex.clamp(1, groups.max(1));
+    let Some(&best) = order.first() else { return order };
     if per_flex == 1 || per_flex >= groups {
-        return MainlinePolicy.group_order(vol, req);
+        return order;
     }
-    // (free inodes, free blocks, directories) of each flex group, in order.
-    let descs: Vec<GroupDesc> = vol.groups.iter().map(|g| g.read().clone()).collect();
-    let stats: Vec<(u64, u64, u64)> = descs
-        .chunks(per_flex)
-        .map(|flex| {
-            flex.iter().fold((0, 0, 0), |(i, b, d), gd| {
-                (
-                    i + gd.bg_free_inodes_count as u64,
-                    b + gd.bg_free_blocks_count as u64,
-                    d + gd.bg_used_dirs_count as u64,
-                )
-            })
-        })
-        .collect();
-    let flexes = stats.len() as u64;
-    let avg_inodes = stats.iter().map(|s| s.0).sum::<u64>() / flexes;
-    let avg_blocks = stats.iter().map(|s| s.1).sum::<u64>() / flexes;
-    let best = stats
-        .iter()
-        .enumerate()
-        .filter(|(_, &(inodes, blocks, _))| inodes > 0 && inodes >= avg_inodes && blocks >= avg_blocks)
-        .min_by_key(|&(f, s)| (s.2, f))
-        .map_or(0, |(f, _)| f);
-    let first = best * per_flex;
-    (0..groups).map(|i| ((first + i) % groups) as u32).collect()
+    let first = best - best % per_flex;
+    (0..groups).map(|i| (first + i) % groups).collect()
 }
 
 impl Allocator {
