@@ -807,8 +807,9 @@ impl Filesystem {
     /// when there is one, leaving it empty), then flushes the device.
     ///
     /// # Errors
-    /// `Io` (EIO) once the filesystem has failed (a journal abort, an error recorded), or when the
-    /// device fails.
+    /// `Io` (EIO) once the filesystem has failed (a journal abort, an error recorded), when the
+    /// device fails, or when file data that waited for a commit (cache/write_behind.rs) failed to
+    /// reach the device since the last sync.
     pub fn sync(&self) -> Result<()> {
         if self.vol.opened_read_only() {
             return Ok(());
@@ -826,7 +827,9 @@ impl Filesystem {
             sb.s_free_blocks_count == self.free_blocks() && sb.s_free_inodes_count == self.free_inodes() as u32
         };
         if !self.vol.changed.swap(false, std::sync::atomic::Ordering::Relaxed) && counters_agree {
-            return self.vol.cache.device().flush();
+            self.vol.cache.send_data();
+            self.vol.cache.device().flush()?;
+            return self.report_data_failure(None);
         }
         {
             // The handle first: beginning one may wait for a commit, and the journal
@@ -849,8 +852,29 @@ impl Filesystem {
         }
         match self.vol.journal() {
             // Through the log, then home: the image is then consistent without it.
-            Some(journal) => journal.checkpoint_all(),
-            None => self.vol.cache.flush(),
+            Some(journal) => journal.checkpoint_all()?,
+            None => self.vol.cache.flush()?,
+        }
+        self.report_data_failure(None)
+    }
+
+    /// EIO when file data that waited to be written (cache/write_behind.rs)
+    /// failed to reach the device since the last report: `ino`'s, or any for
+    /// None. As the kernel reports a failed write-back at fsync and syncfs.
+    pub(crate) fn report_data_failure(&self, ino: Option<u32>) -> Result<()> {
+        let cache = &self.vol.cache;
+        let failed = match ino {
+            Some(ino) => cache.take_data_failure(ino),
+            None => cache.take_any_data_failure(),
+        };
+        match (failed, ino) {
+            (false, _) => Ok(()),
+            (true, Some(ino)) => Err(Error::Io(std::io::Error::other(format!(
+                "inode {ino}: the device refused file data written to it earlier"
+            )))),
+            (true, None) => {
+                Err(Error::Io(std::io::Error::other("the device refused file data written earlier".to_string())))
+            }
         }
     }
 }

@@ -1137,8 +1137,12 @@ fn io_error_and_recover(base: &[u8], fault: Fault, scratch: &Path, kernel_too: b
         assert!(fs.is_read_only(), "{fault:?}: the error state refuses writes");
         assert_eq!(fs.create(ROOT_INO, b"after", 0o644, ROOT).unwrap_err().errno(), 30, "{fault:?}: EROFS");
     } else if let Some(Err(e)) = synced {
-        // The failure was clean: the filesystem goes on and closes normally.
-        panic!("{fault:?}: sync after a clean failure: {e}");
+        // The failure was clean: the filesystem goes on and closes normally. A
+        // small file's new data that waited for the commit (cache/write_behind.rs)
+        // and was refused is this sync's EIO, once, as the kernel's syncfs
+        // reports a failed write-back; the next sync succeeds.
+        assert!(e.to_string().contains("refused file data"), "{fault:?}: sync after a clean failure: {e}");
+        fs.sync().unwrap_or_else(|e| panic!("{fault:?}: a second sync after a refused data write: {e}"));
     }
     drop(fs);
     let left = mem.contents();

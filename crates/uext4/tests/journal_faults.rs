@@ -415,14 +415,17 @@ fn doomed(blocks: usize) -> Vec<u8> {
     data
 }
 
-/// A data write the device refuses is an EIO to the writer and nothing more,
-/// as on the kernel's ext4 (a data I/O error is not a filesystem error): blocks
-/// taken for it go back, an unwritten extent stays unwritten, what the call
-/// wrote before the failing run stands (a short write), the superblock records
-/// nothing, and under errors=remount-ro the filesystem goes on writing. Before,
-/// a write into a hole or into preallocated space aborted the journal and left
-/// the filesystem read-only. Extent-mapped and block-mapped files; e2fsck -fn
-/// judges the image at the end.
+/// A data write the device refuses is an EIO and nothing more, as on the
+/// kernel's ext4 (a data I/O error is not a filesystem error). Written at
+/// once (overwrites, runs of more than 16 blocks, preallocated space) it is
+/// the writer's EIO: blocks taken for it go back, an unwritten extent stays
+/// unwritten, what the call wrote before the failing run stands (a short
+/// write). Waiting to be written (a small file's new blocks,
+/// cache/write_behind.rs) it is the next fsync's EIO, once, as the kernel
+/// reports a failed write-back; the blocks stay the file's. The superblock
+/// records nothing, and under errors=remount-ro the filesystem goes on
+/// writing. Extent-mapped and block-mapped files; e2fsck -fn judges the image
+/// at the end.
 #[test]
 fn a_failed_data_write_is_an_eio_and_nothing_more() {
     if !oracle::require_e2fsprogs() {
@@ -439,14 +442,23 @@ fn a_failed_data_write_is_an_eio_and_nothing_more() {
         let free = fs.free_blocks();
         let eio = |r: uext4::Result<usize>| r.map_err(|e| e.errno());
 
-        // Into a hole, past an indirect block's reach for the block map (block 20).
+        // Into a hole, past an indirect block's reach for the block map (block
+        // 20), a run too long to wait: the writer's EIO.
         let hole = fs.create(ROOT_INO, b"hole", 0o644, ROOT).unwrap().ino;
-        assert_eq!(eio(fs.write(hole, 20 * 4096, &doomed(3))), Err(5), "{shape}: into a hole");
+        assert_eq!(eio(fs.write(hole, 20 * 4096, &doomed(17))), Err(5), "{shape}: into a hole");
         let st = fs.stat(hole).unwrap();
         assert_eq!((st.size, st.blocks), (0, 0), "{shape}: the hole's blocks went back");
         assert_eq!(fs.free_blocks(), free, "{shape}: free blocks as before");
 
-        // Over mapped blocks: the old bytes stay.
+        // A small file's new block waits: the write succeeds, the fsync that
+        // sends it reports the failure, once; the block stays the file's.
+        let small = fs.create(ROOT_INO, b"small", 0o644, ROOT).unwrap().ino;
+        assert_eq!(eio(fs.write(small, 0, &doomed(3))), Ok(3 * 4096), "{shape}: a small file's write waits");
+        assert_eq!(fs.fsync(small).map_err(|e| e.errno()), Err(5), "{shape}: fsync reports the refused data");
+        assert_eq!(fs.fsync(small).map_err(|e| e.errno()), Ok(()), "{shape}: reported once");
+        assert_eq!(fs.stat(small).unwrap().size, 3 * 4096, "{shape}: the blocks stay the file's");
+
+        // Over mapped blocks (still waiting to be written: sent first): the old bytes stay.
         let mapped = fs.create(ROOT_INO, b"mapped", 0o644, ROOT).unwrap().ino;
         fs.write(mapped, 0, &[7u8; 8192]).unwrap();
         assert_eq!(eio(fs.write(mapped, 0, &doomed(2))), Err(5), "{shape}: over mapped blocks");
@@ -454,11 +466,13 @@ fn a_failed_data_write_is_an_eio_and_nothing_more() {
         assert_eq!(fs.read(mapped, 0, &mut back).unwrap(), 8192);
         assert!(back.iter().all(|&b| b == 7), "{shape}: the old bytes stay");
 
-        // A short write: the first run (mapped) is written, the second (a hole) fails.
+        // A short write: the first run (mapped) is written, the second (a long
+        // hole: past the block map's direct blocks, where one run can be 17) fails.
+        fs.write(mapped, 30 * 4096, &[8u8; 4096]).unwrap();
         let mut data = vec![9u8; 4096];
-        data.extend(doomed(1));
-        assert_eq!(eio(fs.write(mapped, 4096, &data)), Ok(4096), "{shape}: a short write");
-        assert_eq!(fs.stat(mapped).unwrap().size, 8192, "{shape}: the size covers what was written");
+        data.extend(doomed(17));
+        assert_eq!(eio(fs.write(mapped, 30 * 4096, &data)), Ok(4096), "{shape}: a short write");
+        assert_eq!(fs.stat(mapped).unwrap().size, 31 * 4096, "{shape}: the size covers what was written");
 
         if shape == "extents" {
             // Into preallocated space: the extent stays unwritten, reads give zeros.

@@ -12,6 +12,11 @@
 //! transaction's (the commit takes it whole, `take_dirty`); without one it is what
 //! `flush` and the write-back thread (`start_writeback`) write home, sorted by block.
 //!
+//! File data is not cached, but the cache is the seam it passes: small files' new
+//! blocks wait in `write_behind.rs` until the next commit (or write-back, which
+//! sends them before any metadata), and every other file-data read or write goes
+//! through `write_data_at`/`read_data_at` so that none overtakes a waiting block.
+//!
 //! The bound holds because whoever makes buffers unevictable also drains them
 //! before they fill the cache: the journal commits once the dirty list reaches a
 //! quarter of the capacity, and makes new handles wait at a half; it checkpoints
@@ -23,6 +28,11 @@
 //! `memo::MEMO_SLOTS` (8) directory, extent or xattr blocks each thread that
 //! used the cache remembers (`lookup_remembered`) for as long as it lives
 //! (`RESIDENT_SLACK_BLOCKS` states a bound for tests, of up to 16 threads).
+
+mod write_behind;
+
+use write_behind::WriteBehind;
+pub(crate) use write_behind::WRITE_BEHIND_RUN_MAX;
 
 use crate::dev::{BlockDevice, IoClass};
 use crate::error::Result;
@@ -102,6 +112,8 @@ pub struct BufferCache {
     /// Lookups answered by a thread's memo, counted per thread slot so that
     /// counting writes no line another thread writes.
     memo_hits: Vec<CachePadded<AtomicU64>>,
+    /// New data of small files waiting to be written (write_behind.rs).
+    data: WriteBehind,
 }
 
 thread_local!(static BUFFER_MEMO: std::cell::RefCell<crate::memo::Memo<Buffer>> = Default::default());
@@ -137,6 +149,7 @@ impl BufferCache {
             dirty_count: AtomicUsize::new(0),
             id: crate::memo::next_owner_id(),
             memo_hits: (0..THREAD_SLOTS).map(|_| CachePadded::default()).collect(),
+            data: WriteBehind::new(block_size),
         }
     }
 
@@ -341,6 +354,52 @@ impl BufferCache {
         dropped
     }
 
+    /// Queues `data` (whole blocks) for the fresh blocks from `first`, which
+    /// `ino`'s write just took: written before the next commit
+    /// (write_behind.rs). For runs of at most `WRITE_BEHIND_RUN_MAX` blocks.
+    pub(crate) fn queue_data(&self, ino: u32, first: u64, data: &[u8]) {
+        self.data.queue(&*self.dev, ino, first, data);
+    }
+
+    /// Writes file data (or zeros over it) at byte `pos` of the device; the one
+    /// way file data is written besides `queue_data`, so a waiting block is
+    /// never overtaken.
+    ///
+    /// # Errors
+    /// `Io` when the device fails.
+    pub(crate) fn write_data_at(&self, pos: u64, bytes: &[u8]) -> Result<()> {
+        self.data.write_at(&*self.dev, pos, bytes)
+    }
+
+    /// Reads file data at byte `pos` of the device, waiting blocks included.
+    ///
+    /// # Errors
+    /// `Io` when the device fails.
+    pub(crate) fn read_data_at(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        self.data.read_at(&*self.dev, pos, buf)
+    }
+
+    /// Writes any waiting block among the `len` bytes at `pos`, for a reader
+    /// that takes them from the device itself (the mount's spliced replies).
+    pub(crate) fn settle_data(&self, pos: u64, len: u64) {
+        self.data.settle(&*self.dev, pos, len);
+    }
+
+    /// Writes every waiting data block (before a commit or a write-back).
+    pub(crate) fn send_data(&self) {
+        self.data.send(&*self.dev);
+    }
+
+    /// Whether `ino`'s waiting data failed to reach the device since last asked.
+    pub(crate) fn take_data_failure(&self, ino: u32) -> bool {
+        self.data.take_failure(ino)
+    }
+
+    /// Whether any waiting data failed to reach the device since last asked.
+    pub(crate) fn take_any_data_failure(&self) -> bool {
+        self.data.take_any_failure()
+    }
+
     /// Says what `block` holds, for the device's I/O model (nothing happens
     /// without one): the layers that read or make blocks whose role the geometry
     /// does not tell (directory blocks, extent nodes, xattr blocks) call it
@@ -352,8 +411,10 @@ impl BufferCache {
     }
 
     /// Drops a block that was freed: a dirty copy must never be written back over
-    /// whatever the block holds next (file data goes straight to the device).
+    /// whatever the block holds next (file data is written behind the cache), nor
+    /// a small file's data still waiting for it (write_behind.rs).
     pub fn forget(&self, block: u64) {
+        self.data.forget(block);
         if let Some(model) = self.dev.io_model() {
             model.classes().untag(block);
         }
@@ -431,6 +492,8 @@ impl BufferCache {
 
     /// Writes every buffer on the dirty list home (without a flush).
     fn write_back(&self) -> Result<()> {
+        // Ordered data: what the metadata about to go home maps, first.
+        self.send_data();
         let dirty = self.take_dirty_list();
         let mut rest = dirty.into_iter();
         for b in rest.by_ref() {

@@ -219,7 +219,7 @@ impl Filesystem {
         let mut done = 0;
         while done < count {
             let n = chunk_blocks.min(count - done);
-            self.vol.cache.device().write_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
+            self.vol.cache.write_data_at((pblk + done) * bs, &zeros[..(n * bs) as usize])?;
             done += n;
         }
         Ok(())

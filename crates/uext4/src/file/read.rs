@@ -102,7 +102,7 @@ impl Filesystem {
             match run {
                 Run::Zeros(_) => dst.fill(0),
                 Run::Inline(bytes) => dst.copy_from_slice(bytes),
-                Run::Device { pos, .. } => self.vol.cache.device().read_at(pos, dst)?,
+                Run::Device { pos, .. } => self.vol.cache.read_data_at(pos, dst)?,
             }
             done += n;
             Ok(())
@@ -128,10 +128,14 @@ impl Filesystem {
                 Run::Zeros(n) => ReadPiece::Zeros(n),
                 Run::Inline(bytes) => ReadPiece::Bytes(bytes.to_vec()),
                 Run::Device { pos, len } => match device.host_range(pos, len)? {
-                    Some(range) => ReadPiece::Host(range, len),
+                    Some(range) => {
+                        // The reply takes these bytes from the image itself.
+                        self.vol.cache.settle_data(pos, len as u64);
+                        ReadPiece::Host(range, len)
+                    }
                     None => {
                         let mut bytes = vec![0u8; len];
-                        device.read_at(pos, &mut bytes)?;
+                        self.vol.cache.read_data_at(pos, &mut bytes)?;
                         ReadPiece::Bytes(bytes)
                     }
                 },

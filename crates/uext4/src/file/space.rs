@@ -116,7 +116,7 @@ impl Filesystem {
                 if from < to && from < inode.i_size {
                     if let MapKind::Mapped(p) = self.map_blocks(ino, &inode, from / bs, 1)?.kind {
                         let bytes = (to.min(inode.i_size) - from) as usize;
-                        self.vol.cache.device().write_at(p * bs + from % bs, &vec![0u8; bytes])?;
+                        self.vol.cache.write_data_at(p * bs + from % bs, &vec![0u8; bytes])?;
                     }
                 }
             }

@@ -41,7 +41,7 @@ impl Filesystem {
             if !size.is_multiple_of(bs) {
                 if let MapKind::Mapped(p) = self.map_blocks(ino, inode, size / bs, 1)?.kind {
                     let tail = (bs - size % bs) as usize;
-                    self.vol.cache.device().write_at(p * bs + size % bs, &vec![0u8; tail])?;
+                    self.vol.cache.write_data_at(p * bs + size % bs, &vec![0u8; tail])?;
                 }
             }
         }

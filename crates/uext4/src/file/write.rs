@@ -1,18 +1,22 @@
 //! Writing file data by runs: each run of mapped blocks is overwritten in place
 //! with one device request, each hole gets one allocation for the whole run, and
 //! each run of preallocated (unwritten) blocks is written and converted in place
-//! (extent/zeroout.rs). File data goes straight to the device, before the metadata
-//! that maps it commits (ordered data).
+//! (extent/zeroout.rs). File data reaches the device before the metadata that
+//! maps it commits (ordered data): at once, or for a hole's run of at most
+//! `WRITE_BEHIND_RUN_MAX` blocks (a small file's), queued to go with others
+//! just before the commit (cache/write_behind.rs).
 //!
-//! Invariants: a write never maps a block whose bytes it has not written or
-//! zeroed; whatever was written stays written and mapped in the inode, even when
-//! a later block of the same call fails (a short write). Each run's data goes to
-//! the device before the run's metadata changes, and a run whose data write fails
-//! gives back what it took (its new blocks), so a failed data write is an EIO to
-//! the caller and nothing more, as on the kernel's ext4, where a data I/O error
-//! never puts the filesystem in its error state. Any other device error after a
-//! change leaves the handle unfinished, which aborts the journal.
+//! Invariants: a write never maps a block whose bytes it has not written,
+//! queued or zeroed; whatever was written stays written and mapped in the
+//! inode, even when a later block of the same call fails (a short write). A run
+//! written at once goes to the device before the run's metadata changes, and a
+//! run whose data write fails gives back what it took (its new blocks), so a
+//! failed data write is an EIO to the caller and nothing more, as on the
+//! kernel's ext4, where a data I/O error never puts the filesystem in its error
+//! state; a queued run that fails is the next fsync's EIO. Any other device
+//! error after a change leaves the handle unfinished, which aborts the journal.
 
+use crate::cache::WRITE_BEHIND_RUN_MAX;
 use crate::error::{Error, Result};
 use crate::extent::MapKind;
 use crate::format::inode::{Inode, EXT4_EXTENTS_FL};
@@ -142,10 +146,10 @@ impl Filesystem {
             let run_bytes = |blocks: u64| (blocks as usize * bs as usize - in_block).min(rest.len());
             match run.kind {
                 MapKind::Mapped(p) => {
-                    // File data goes straight to the device, before the metadata that maps it.
+                    // Over blocks already mapped: to the device at once (or into
+                    // the waiting copy of a block written just before).
                     let bytes = run_bytes(run.len);
-                    let device = self.vol.cache.device();
-                    device.write_at(p * bs + in_block as u64, &rest[..bytes]).map_err(Stop::DataWrite)?;
+                    self.vol.cache.write_data_at(p * bs + in_block as u64, &rest[..bytes]).map_err(Stop::DataWrite)?;
                     *done += bytes;
                 }
                 MapKind::Unwritten(p) => {
@@ -184,8 +188,19 @@ impl Filesystem {
                         self.alloc.alloc_blocks(tx, goal, want)?
                     };
                     let bytes = run_bytes(got as u64);
-                    // Fresh blocks: the parts of the first and last this write leaves are zeros.
-                    if let Err(e) = self.write_zero_padded(p, in_block, &rest[..bytes]) {
+                    // Fresh blocks: the parts of the first and last this write leaves are
+                    // zeros. A small run waits to go with others before the commit
+                    // (cache/write_behind.rs); it cannot fail here.
+                    let written = match got as u64 <= WRITE_BEHIND_RUN_MAX {
+                        true => {
+                            let mut blocks = vec![0u8; got as usize * bs as usize];
+                            blocks[in_block..in_block + bytes].copy_from_slice(&rest[..bytes]);
+                            self.vol.cache.queue_data(ino, p, &blocks);
+                            Ok(())
+                        }
+                        false => self.write_zero_padded(p, in_block, &rest[..bytes]),
+                    };
+                    if let Err(e) = written {
                         // The new blocks go back (unmapped first where the block map
                         // took them at once); the inode is as before this run.
                         match block_mapped {
@@ -216,16 +231,16 @@ impl Filesystem {
     fn write_zero_padded(&self, pblk: u64, in_block: usize, data: &[u8]) -> Result<()> {
         const PADDED_COPY_MAX: usize = 4 << 20;
         let bs = self.vol.geo.block_size;
-        let dev = self.vol.cache.device();
+        let cache = &self.vol.cache;
         let end = in_block + data.len();
         let total = end.div_ceil(bs) * bs;
         if in_block == 0 && end == total {
-            return dev.write_at(pblk * bs as u64, data);
+            return cache.write_data_at(pblk * bs as u64, data);
         }
         if total <= PADDED_COPY_MAX {
             let mut buf = vec![0u8; total];
             buf[in_block..end].copy_from_slice(data);
-            return dev.write_at(pblk * bs as u64, &buf);
+            return cache.write_data_at(pblk * bs as u64, &buf);
         }
         // A big run: the middle goes from the caller's buffer, whole blocks only.
         let head = (bs - in_block) % bs;
@@ -233,15 +248,15 @@ impl Filesystem {
         if head > 0 {
             let mut first = vec![0u8; bs];
             first[in_block..].copy_from_slice(&data[..head]);
-            dev.write_at(pblk * bs as u64, &first)?;
+            cache.write_data_at(pblk * bs as u64, &first)?;
         }
         let middle = &data[head..data.len() - tail];
         let middle_block = pblk + (in_block + head) as u64 / bs as u64;
-        dev.write_at(middle_block * bs as u64, middle)?;
+        cache.write_data_at(middle_block * bs as u64, middle)?;
         if tail > 0 {
             let mut last = vec![0u8; bs];
             last[..tail].copy_from_slice(&data[data.len() - tail..]);
-            dev.write_at((pblk + (end / bs) as u64) * bs as u64, &last)?;
+            cache.write_data_at((pblk + (end / bs) as u64) * bs as u64, &last)?;
         }
         Ok(())
     }

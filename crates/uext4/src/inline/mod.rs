@@ -169,7 +169,7 @@ impl Filesystem {
                 buf.write().copy_from_slice(&block);
                 tx.dirty(&buf);
             } else {
-                self.vol.cache.device().write_at(blk * bs as u64, &block)?;
+                self.vol.cache.write_data_at(blk * bs as u64, &block)?;
             }
             self.extent_append(tx, ino, &mut inode, 0, blk, 1)?;
         }

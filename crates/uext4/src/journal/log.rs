@@ -689,6 +689,9 @@ impl Journal {
             (tid, copies, revokes)
         };
         self.changed.notify_all();
+        // Ordered data: the new file data this transaction maps goes before its
+        // commit block (failures are the writers' to report, cache/write_behind.rs).
+        self.cache.send_data();
         let result = if copies.is_empty() && revokes.is_empty() {
             Ok(None)
         } else {

@@ -73,7 +73,9 @@ impl Filesystem {
     /// place may sit in its cache). In the error state: EIO.
     ///
     /// # Errors
-    /// `Io` (EIO) once the filesystem has failed, or when the device fails.
+    /// `Io` (EIO) once the filesystem has failed, when the device fails, or
+    /// when new data of the file that waited for a commit (cache/write_behind.rs)
+    /// failed to reach the device since the last fsync of it.
     pub fn fsync(&self, ino: u32) -> Result<()> {
         self.inode(ino)?;
         if self.vol.opened_read_only() {
@@ -87,9 +89,10 @@ impl Filesystem {
             self.compact_split_extent_trees()?;
         }
         match journal.inode_tid(ino) {
-            Some(tid) => journal.wait_committed(tid),
-            None => self.vol.cache.device().flush(),
+            Some(tid) => journal.wait_committed(tid)?,
+            None => self.vol.cache.device().flush()?,
         }
+        self.report_data_failure(Some(ino))
     }
 
     /// Commits, then writes every committed block home and empties the log.

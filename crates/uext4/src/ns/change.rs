@@ -424,7 +424,7 @@ impl Filesystem {
             let (blk, _) = fs.alloc.alloc_blocks(tx, fs.inode_goal(ino, false), 1)?;
             let mut data = vec![0u8; fs.vol.geo.block_size];
             data[..target.len()].copy_from_slice(target);
-            fs.vol.cache.device().write_at(blk * fs.vol.geo.block_size as u64, &data)?;
+            fs.vol.cache.write_data_at(blk * fs.vol.geo.block_size as u64, &data)?;
             fs.extent_append(tx, ino, i, 0, blk, 1)
         })
     }

@@ -7,7 +7,7 @@
 //! extent node, an xattr block). A tag lives until the block is freed
 //! (`BlockClasses::untag`, which the cache's `forget` calls), so a block read
 //! again after eviction keeps its class. A block neither range nor tag names is
-//! file data: file data is the one kind written straight to the device, with no
+//! file data: file data is the one kind written behind the cache, with no
 //! layer in between to tag it.
 //!
 //! Invariant: fixed ranges are sorted by start and do not overlap (the volume

@@ -1,0 +1,249 @@
+//! Write-behind of small files' new data: the blocks a write takes for a hole
+//! wait here, in memory, and go to the device sorted by block, together with
+//! the others waiting, when the transaction that maps them commits (or when
+//! `WRITE_BEHIND_BLOCKS` wait, or on a read or overwrite of one of them).
+//! This is the kernel's write-back of ordered data, kept small: written one
+//! by one as they came, a round of small files made in many directories costs
+//! a disk seek per file between the directory blocks and the data area; sorted
+//! at commit they stream (seed 000's create experiment, docs/BENCHMARKS.md).
+//!
+//! Only runs of up to `WRITE_BEHIND_RUN_MAX` fresh blocks wait (the kernel's
+//! mballoc treats files below 16 blocks as small, `mb_stream_req`); larger runs
+//! and overwrites of mapped blocks go to the device at once, as before.
+//!
+//! Invariants, under `queued`'s lock:
+//! - a block waits at most once, with its whole content; what reads or writes
+//!   its bytes on the device first sends it (or patches the waiting copy);
+//! - a freed block stops waiting (`forget`): its data must never land on the
+//!   block's next owner;
+//! - everything waiting reaches the device before the commit block of any
+//!   transaction that closed after it was queued (ordered data), so a commit
+//!   never maps a block whose bytes are not on disk.
+//!
+//! A failed write is remembered against the inode that wrote the block and
+//! reported by that inode's next `fsync` (and by the next `sync`), as the
+//! kernel reports write-back errors; the filesystem does not fail for it.
+
+use crate::dev::BlockDevice;
+use crate::error::Result;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Blocks that may wait before the writer that adds one sends them all.
+pub(crate) const WRITE_BEHIND_BLOCKS: usize = 1024;
+
+/// The longest run of fresh blocks that waits; longer runs are one request
+/// already and go at once.
+pub(crate) const WRITE_BEHIND_RUN_MAX: u64 = 16;
+
+/// Waiting blocks: block number -> (the inode that wrote it, its content).
+type Waiting = BTreeMap<u64, (u32, Box<[u8]>)>;
+
+pub(crate) struct WriteBehind {
+    block_size: usize,
+    queued: Mutex<Waiting>,
+    /// How many blocks wait: lets reads and writes skip the lock when none do.
+    waiting: AtomicUsize,
+    /// Inodes whose waiting data the device refused, not yet reported.
+    failed: Mutex<HashSet<u32>>,
+}
+
+impl WriteBehind {
+    pub(crate) fn new(block_size: usize) -> WriteBehind {
+        WriteBehind {
+            block_size,
+            queued: Mutex::new(BTreeMap::new()),
+            waiting: AtomicUsize::new(0),
+            failed: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Queues the fresh blocks from `first` with `data` (whole blocks). Sends
+    /// everything waiting when that makes more than `WRITE_BEHIND_BLOCKS`.
+    ///
+    /// # Errors
+    /// None of its own: a failed send is remembered for `fsync` (see the module).
+    pub(crate) fn queue(&self, dev: &dyn BlockDevice, ino: u32, first: u64, data: &[u8]) {
+        debug_assert_eq!(data.len() % self.block_size, 0);
+        let mut queued = self.queued.lock();
+        for (i, block) in data.chunks(self.block_size).enumerate() {
+            if queued.insert(first + i as u64, (ino, block.into())).is_none() {
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if queued.len() > WRITE_BEHIND_BLOCKS {
+            self.send_locked(dev, &mut queued);
+        }
+    }
+
+    /// Writes `bytes` at byte `pos` of the device, where file data lives: a
+    /// write inside one waiting block patches the waiting copy; one touching
+    /// waiting blocks otherwise sends them first.
+    ///
+    /// # Errors
+    /// `Io` when the device fails the write (or what it had to send first).
+    pub(crate) fn write_at(&self, dev: &dyn BlockDevice, pos: u64, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            let bs = self.block_size as u64;
+            let (first, last) = (pos / bs, (pos + bytes.len() as u64 - 1) / bs);
+            let mut queued = self.queued.lock();
+            if first == last {
+                if let Some((_, block)) = queued.get_mut(&first) {
+                    let at = (pos % bs) as usize;
+                    block[at..at + bytes.len()].copy_from_slice(bytes);
+                    return Ok(());
+                }
+            }
+            if queued.range(first..=last).next().is_some() {
+                self.send_locked(dev, &mut queued);
+            }
+        }
+        dev.write_at(pos, bytes)
+    }
+
+    /// Reads `buf.len()` bytes at byte `pos` of the device after sending any
+    /// waiting block among them.
+    ///
+    /// # Errors
+    /// `Io` when the device fails.
+    pub(crate) fn read_at(&self, dev: &dyn BlockDevice, pos: u64, buf: &mut [u8]) -> Result<()> {
+        self.settle(dev, pos, buf.len() as u64);
+        dev.read_at(pos, buf)
+    }
+
+    /// Sends every waiting block among the `len` bytes at `pos`, for a caller
+    /// that reads them from the device by other means (spliced replies).
+    pub(crate) fn settle(&self, dev: &dyn BlockDevice, pos: u64, len: u64) {
+        if len == 0 || self.waiting.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let bs = self.block_size as u64;
+        let mut queued = self.queued.lock();
+        if queued.range(pos / bs..=(pos + len - 1) / bs).next().is_some() {
+            self.send_locked(dev, &mut queued);
+        }
+    }
+
+    /// Sends everything waiting, sorted by block (before a commit, a sync).
+    pub(crate) fn send(&self, dev: &dyn BlockDevice) {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.send_locked(dev, &mut self.queued.lock());
+    }
+
+    /// `block` was freed: whatever waits for it is dropped.
+    pub(crate) fn forget(&self, block: u64) {
+        if self.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if self.queued.lock().remove(&block).is_some() {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether data `ino` queued failed to reach the device since the last
+    /// report; reporting clears it.
+    pub(crate) fn take_failure(&self, ino: u32) -> bool {
+        self.failed.lock().remove(&ino)
+    }
+
+    /// Whether any queued data failed since the last report; clears them all.
+    pub(crate) fn take_any_failure(&self) -> bool {
+        let mut failed = self.failed.lock();
+        let any = !failed.is_empty();
+        failed.clear();
+        any
+    }
+
+    /// Writes the waiting blocks in block order, each as its own request (a
+    /// run of neighbours streams on the device as one would). The lock stays
+    /// held, and `waiting` counts the blocks until they are written: a reader
+    /// that skips the lock because none wait must find them on the device.
+    fn send_locked(&self, dev: &dyn BlockDevice, queued: &mut Waiting) {
+        let bs = self.block_size as u64;
+        for (&block, (ino, data)) in queued.iter() {
+            if dev.write_at(block * bs, data).is_err() {
+                self.failed.lock().insert(*ino);
+            }
+        }
+        self.waiting.fetch_sub(queued.len(), Ordering::Release);
+        queued.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::MemDevice;
+
+    const BS: usize = 1024;
+
+    fn device() -> MemDevice {
+        MemDevice::new(vec![0u8; 64 * BS])
+    }
+
+    #[test]
+    fn waiting_blocks_are_read_and_patched_as_if_written() {
+        let dev = device();
+        let wb = WriteBehind::new(BS);
+        wb.queue(&dev, 12, 5, &[1u8; 2 * BS]);
+        let mut raw = vec![0u8; BS];
+        dev.read_at(5 * BS as u64, &mut raw).unwrap();
+        assert!(raw.iter().all(|&b| b == 0), "nothing is written yet");
+        wb.write_at(&dev, 6 * BS as u64 + 10, &[2u8; 4]).unwrap();
+        let mut back = vec![0u8; 2 * BS];
+        wb.read_at(&dev, 5 * BS as u64, &mut back).unwrap();
+        assert!(back[..BS + 10].iter().all(|&b| b == 1));
+        assert_eq!(&back[BS + 10..BS + 14], &[2u8; 4]);
+        assert!(back[BS + 14..].iter().all(|&b| b == 1));
+        assert_eq!(wb.waiting.load(Ordering::Relaxed), 0, "the read sent them");
+    }
+
+    #[test]
+    fn a_freed_block_never_reaches_the_device() {
+        let dev = device();
+        let wb = WriteBehind::new(BS);
+        wb.queue(&dev, 12, 7, &[9u8; BS]);
+        wb.forget(7);
+        wb.send(&dev);
+        let mut raw = vec![1u8; BS];
+        dev.read_at(7 * BS as u64, &mut raw).unwrap();
+        assert!(raw.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn too_many_waiting_blocks_are_sent_by_the_writer() {
+        let blocks = WRITE_BEHIND_BLOCKS as u64 + 1;
+        let dev = MemDevice::new(vec![0u8; blocks as usize * BS]);
+        let wb = WriteBehind::new(BS);
+        for i in 0..blocks {
+            wb.queue(&dev, 12, i, &[1u8; BS]);
+        }
+        assert_eq!(wb.waiting.load(Ordering::Relaxed), 0, "the last queue sent them all");
+        let mut raw = vec![0u8; BS];
+        dev.read_at(0, &mut raw).unwrap();
+        assert!(raw.iter().all(|&b| b == 1));
+    }
+
+    #[test]
+    fn a_refused_block_is_reported_once_to_its_inode() {
+        use crate::dev::{BadSpot, BadSpotDevice};
+        let dev = BadSpotDevice::new(std::sync::Arc::new(device()), BadSpot::Writes(0..BS as u64), true);
+        let wb = WriteBehind::new(BS);
+        wb.queue(&dev, 12, 0, &[1u8; BS]);
+        wb.queue(&dev, 13, 1, &[1u8; BS]);
+        wb.send(&dev);
+        assert!(!wb.take_failure(13), "inode 13's block was written");
+        assert!(wb.take_failure(12));
+        assert!(!wb.take_failure(12), "reported once");
+        wb.queue(&dev, 14, 0, &[1u8; BS]);
+        wb.send(&dev);
+        assert!(wb.take_any_failure());
+        assert!(!wb.take_any_failure());
+    }
+}
