@@ -1,5 +1,6 @@
 //! Inode-table blocks as every layer reads them: a miss that continues a walk
-//! in table order (where an earlier read ended) reads the rest of an aligned
+//! in table order (where an earlier read ended, or a few blocks on: one block
+//! of each of a row of dir_ireserve windows) reads the rest of an aligned
 //! run of `INODE_READ_AHEAD_BLOCKS` in one request, as the kernel's
 //! inode_readahead_blks does; random misses read one block.
 //!
@@ -81,44 +82,100 @@ impl Volume {
 /// How many walks in inode-table order `TableWalks` follows at once.
 const TABLE_WALKS: usize = 8;
 
-/// A walk's mark in `TableWalks::ends`: seen twice in a row, so reads ahead.
-const CONFIRMED: u64 = 1 << 63;
+/// The longest stride of a walk (see `continues`).
+const WALK_STRIDE_MAX: u64 = 8;
 
-/// Where the last few inode-table reads ended, so that a miss at one of those
-/// blocks is seen as a walk in table order going on. Several at once: a
-/// `hash_goal` directory that outgrew its first span is walked in hash order
-/// as one ascending run of inode numbers per span, interleaved; other threads
-/// walk tables of their own. Slots are reused in turn, so a walk that stopped
-/// is forgotten after eight misses elsewhere. A walk reads ahead from its
-/// third miss in a row on: with eight ends kept, a single match would send
-/// about one random miss in 60 of a 500-block table into a 32-block read.
+/// An empty slot of `TableWalks::ends`.
+const NO_WALK: u64 = u64::MAX;
+
+/// One walk, as a slot of `TableWalks::ends` holds it packed in one word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Walk {
+    /// The block just past its last read.
+    end: u64,
+    /// Its next miss falls `stride - 1` blocks past `end` (1: right there).
+    stride: u64,
+    /// Seen twice in a row at that stride: its misses read ahead.
+    confirmed: bool,
+    /// Its last read was a read ahead, which ends on an aligned block: the
+    /// next miss may fall anywhere within one stride of it.
+    ahead: bool,
+}
+
+impl Walk {
+    const END_BITS: u32 = 56;
+
+    fn pack(self) -> u64 {
+        (self.end & ((1 << Self::END_BITS) - 1))
+            | (self.stride - 1) << Self::END_BITS
+            | (self.confirmed as u64) << (Self::END_BITS + 3)
+            | (self.ahead as u64) << (Self::END_BITS + 4)
+    }
+
+    fn unpack(v: u64) -> Option<Walk> {
+        (v != NO_WALK).then(|| Walk {
+            end: v & ((1 << Self::END_BITS) - 1),
+            stride: ((v >> Self::END_BITS) & 7) + 1,
+            confirmed: (v >> (Self::END_BITS + 3)) & 1 == 1,
+            ahead: (v >> (Self::END_BITS + 4)) & 1 == 1,
+        })
+    }
+}
+
+/// Where the last few inode-table reads ended, so that a miss just past one
+/// of them is seen as a walk in table order going on: at the next block, or
+/// one block in each of a row of dir_ireserve windows of 64 or 128 slots (4 or
+/// 8 blocks). Several at once: a `hash_goal` directory that outgrew its first
+/// span is walked in hash order as one ascending run of inode numbers per
+/// span, interleaved; other threads walk tables of their own. Slots are
+/// reused in turn, so a walk that stopped is forgotten after eight misses
+/// elsewhere. A walk reads ahead from its third miss on, each at the stride
+/// the first two showed: a random miss rarely lands at exactly the stride of
+/// one of eight walks (with stride 1 only, a single match would send about
+/// one random miss in 60 of a 500-block table into a 32-block read).
 /// Only a hint: racing updates may lose a walk, which then costs one-block
 /// reads until it is seen again.
 pub(crate) struct TableWalks {
-    /// The block just past a walk's last read, with `CONFIRMED` once it has
-    /// gone on for two misses; u64::MAX for none.
+    /// `Walk::pack`ed walks, `NO_WALK` for none.
     ends: [AtomicU64; TABLE_WALKS],
     next: AtomicUsize,
 }
 
 impl TableWalks {
     pub(crate) fn new() -> TableWalks {
-        TableWalks { ends: std::array::from_fn(|_| AtomicU64::new(u64::MAX)), next: AtomicUsize::new(0) }
+        TableWalks { ends: std::array::from_fn(|_| AtomicU64::new(NO_WALK)), next: AtomicUsize::new(0) }
     }
 
     /// Records a miss at `block`; true when it goes on with a confirmed walk,
     /// whose read ahead the caller then makes (and reports, `read_ended`).
     fn continues(&self, block: u64) -> bool {
-        let after = block.saturating_add(1) & !CONFIRMED;
-        let swap = |e: &AtomicU64, from: u64, to: u64| {
-            e.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        let after = block.saturating_add(1);
+        let moved = |e: &AtomicU64, v: u64, stride: u64| {
+            let walk = Walk { end: after, stride, confirmed: true, ahead: false };
+            e.compare_exchange(v, walk.pack(), Ordering::Relaxed, Ordering::Relaxed).is_ok()
         };
-        if self.ends.iter().any(|e| swap(e, block | CONFIRMED, after | CONFIRMED)) {
-            return true;
+        // A confirmed walk this miss goes on with: at its stride, or anywhere
+        // within one stride of a read ahead's end.
+        for e in &self.ends {
+            let v = e.load(Ordering::Relaxed);
+            let Some(w) = Walk::unpack(v).filter(|w| w.confirmed && block >= w.end) else { continue };
+            let fits = match w.ahead {
+                true => block < w.end + w.stride,
+                false => block == w.end + w.stride - 1,
+            };
+            if fits && moved(e, v, w.stride) {
+                return true;
+            }
         }
-        if !self.ends.iter().any(|e| swap(e, block, after | CONFIRMED)) {
-            self.replace_oldest(after);
+        // A walk seen once: this miss confirms it, at the stride it shows.
+        for e in &self.ends {
+            let v = e.load(Ordering::Relaxed);
+            let Some(w) = Walk::unpack(v).filter(|w| !w.confirmed) else { continue };
+            if (w.end..w.end + WALK_STRIDE_MAX).contains(&block) && moved(e, v, block - w.end + 1) {
+                return false;
+            }
         }
+        self.replace_oldest(Walk { end: after, stride: 1, confirmed: false, ahead: false }.pack());
         false
     }
 
@@ -127,13 +184,19 @@ impl TableWalks {
     /// walk of its own, confirmed: its caller walks on).
     fn read_ended(&self, miss: Option<u64>, end: u64) {
         let moved = miss.is_some_and(|block| {
-            let after = block.saturating_add(1) | CONFIRMED;
-            self.ends
-                .iter()
-                .any(|e| e.compare_exchange(after, end | CONFIRMED, Ordering::Relaxed, Ordering::Relaxed).is_ok())
+            self.ends.iter().any(|e| {
+                let v = e.load(Ordering::Relaxed);
+                match Walk::unpack(v) {
+                    Some(w) if w.confirmed && w.end == block.saturating_add(1) => {
+                        let walk = Walk { end, ahead: true, ..w };
+                        e.compare_exchange(v, walk.pack(), Ordering::Relaxed, Ordering::Relaxed).is_ok()
+                    }
+                    _ => false,
+                }
+            })
         });
         if !moved {
-            self.replace_oldest(end | CONFIRMED);
+            self.replace_oldest(Walk { end, stride: 1, confirmed: true, ahead: true }.pack());
         }
     }
 
@@ -171,11 +234,23 @@ mod tests {
         // ahead.)
         assert!(!walks.continues(90_000) && !walks.continues(90_001));
         for k in 0..(TABLE_WALKS as u64 - 3) {
-            assert!(!walks.continues(100_000 + 7 * k));
+            assert!(!walks.continues(100_000 + (WALK_STRIDE_MAX + 1) * k));
         }
         assert!(walks.continues(a) && walks.continues(b));
         // A read ahead asked for directly starts a walk of its own.
         walks.read_ended(None, 7_000);
         assert!(walks.continues(7_000));
+    }
+
+    #[test]
+    fn a_walk_that_takes_one_block_in_eight_is_followed() {
+        let walks = TableWalks::new();
+        // One directory's dir_ireserve=high window (8 blocks) after another.
+        assert!(!walks.continues(2000) && !walks.continues(2008), "two misses: no walk yet");
+        assert!(!walks.continues(2012), "a miss off the stride goes on with no walk");
+        assert!(walks.continues(2016), "the third reads ahead");
+        walks.read_ended(Some(2016), 2048);
+        assert!(walks.continues(2048), "and the walk goes on past the run read");
+        assert!(!walks.continues(2048 + 1 + WALK_STRIDE_MAX), "a miss further on is no walk");
     }
 }
