@@ -1,7 +1,9 @@
 //! Write-behind of small files' new data: the blocks a write takes for a hole
 //! wait here, in memory, and go to the device sorted by block, together with
 //! the others waiting, when the transaction that maps them commits (or when
-//! `WRITE_BEHIND_BLOCKS` wait, or on a read or overwrite of one of them).
+//! `WRITE_BEHIND_BLOCKS` wait, or on a read or overwrite of one of them, or
+//! just before a run too long to wait is written: its blocks were taken after
+//! theirs, mostly just above them, and the device then sees one sweep).
 //! This is the kernel's write-back of ordered data, kept small: written one
 //! by one as they came, a round of small files made in many directories costs
 //! a disk seek per file between the directory blocks and the data area; sorted
@@ -11,11 +13,16 @@
 //! mballoc treats files below 16 blocks as small, `mb_stream_req`); larger runs
 //! and overwrites of mapped blocks go to the device at once, as before.
 //!
+//! A send takes the whole queue under its lock and writes it outside, one
+//! send at a time, so other writers go on queueing meanwhile.
+//!
 //! Invariants, under `queued`'s lock:
-//! - a block waits at most once, with its whole content; what reads or writes
-//!   its bytes on the device first sends it (or patches the waiting copy);
+//! - a block waits at most once, with its whole content, queued or in flight;
+//!   what reads or writes its bytes on the device first sends it or waits for
+//!   the send that carries it (or patches the queued copy);
 //! - a freed block stops waiting (`forget`): its data must never land on the
-//!   block's next owner;
+//!   block's next owner (one in flight lands before the commit that lets the
+//!   block be handed out again);
 //! - everything waiting reaches the device before the commit block of any
 //!   transaction that closed after it was queued (ordered data), so a commit
 //!   never maps a block whose bytes are not on disk.
@@ -29,6 +36,7 @@ use crate::error::Result;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Blocks that may wait before the writer that adds one sends them all.
 pub(crate) const WRITE_BEHIND_BLOCKS: usize = 1024;
@@ -43,7 +51,13 @@ type Waiting = BTreeMap<u64, (u32, Box<[u8]>)>;
 pub(crate) struct WriteBehind {
     block_size: usize,
     queued: Mutex<Waiting>,
-    /// How many blocks wait: lets reads and writes skip the lock when none do.
+    /// The blocks a send is writing, out of `queued`'s lock (taken under it):
+    /// whoever touches one of them waits for that send (`sending`).
+    in_flight: Mutex<Option<Arc<Waiting>>>,
+    /// Held by the one send under way.
+    sending: Mutex<()>,
+    /// How many blocks wait or are being sent: lets reads and writes skip the
+    /// locks when none do.
     waiting: AtomicUsize,
     /// Inodes whose waiting data the device refused, not yet reported.
     failed: Mutex<HashSet<u32>>,
@@ -54,6 +68,8 @@ impl WriteBehind {
         WriteBehind {
             block_size,
             queued: Mutex::new(BTreeMap::new()),
+            in_flight: Mutex::new(None),
+            sending: Mutex::new(()),
             waiting: AtomicUsize::new(0),
             failed: Mutex::new(HashSet::new()),
         }
@@ -66,14 +82,17 @@ impl WriteBehind {
     /// None of its own: a failed send is remembered for `fsync` (see the module).
     pub(crate) fn queue(&self, dev: &dyn BlockDevice, ino: u32, first: u64, data: &[u8]) {
         debug_assert_eq!(data.len() % self.block_size, 0);
-        let mut queued = self.queued.lock();
-        for (i, block) in data.chunks(self.block_size).enumerate() {
-            if queued.insert(first + i as u64, (ino, block.into())).is_none() {
-                self.waiting.fetch_add(1, Ordering::Relaxed);
+        let full = {
+            let mut queued = self.queued.lock();
+            for (i, block) in data.chunks(self.block_size).enumerate() {
+                if queued.insert(first + i as u64, (ino, block.into())).is_none() {
+                    self.waiting.fetch_add(1, Ordering::Relaxed);
+                }
             }
-        }
-        if queued.len() > WRITE_BEHIND_BLOCKS {
-            self.send_locked(dev, &mut queued);
+            queued.len() > WRITE_BEHIND_BLOCKS
+        };
+        if full {
+            self.send(dev);
         }
     }
 
@@ -87,20 +106,8 @@ impl WriteBehind {
         if bytes.is_empty() {
             return Ok(());
         }
-        if self.waiting.load(Ordering::Acquire) > 0 {
-            let bs = self.block_size as u64;
-            let (first, last) = (pos / bs, (pos + bytes.len() as u64 - 1) / bs);
-            let mut queued = self.queued.lock();
-            if first == last {
-                if let Some((_, block)) = queued.get_mut(&first) {
-                    let at = (pos % bs) as usize;
-                    block[at..at + bytes.len()].copy_from_slice(bytes);
-                    return Ok(());
-                }
-            }
-            if queued.range(first..=last).next().is_some() {
-                self.send_locked(dev, &mut queued);
-            }
+        if self.waiting.load(Ordering::Acquire) > 0 && self.settle_range(dev, pos, bytes.len() as u64, Some(bytes)) {
+            return Ok(());
         }
         dev.write_at(pos, bytes)
     }
@@ -121,22 +128,63 @@ impl WriteBehind {
         if len == 0 || self.waiting.load(Ordering::Acquire) == 0 {
             return;
         }
-        let bs = self.block_size as u64;
-        let mut queued = self.queued.lock();
-        if queued.range(pos / bs..=(pos + len - 1) / bs).next().is_some() {
-            self.send_locked(dev, &mut queued);
-        }
+        self.settle_range(dev, pos, len, None);
     }
 
-    /// Sends everything waiting, sorted by block (before a commit, a sync).
+    /// Sends (or waits for the send of) whatever waits among the `len` bytes
+    /// at `pos`; with `patch`, the bytes to write there, which patch the
+    /// waiting copy instead when they lie inside one queued block (returns
+    /// true then).
+    fn settle_range(&self, dev: &dyn BlockDevice, pos: u64, len: u64, patch: Option<&[u8]>) -> bool {
+        let bs = self.block_size as u64;
+        let (first, last) = (pos / bs, (pos + len - 1) / bs);
+        {
+            let mut queued = self.queued.lock();
+            if let (Some(bytes), true) = (patch, first == last) {
+                if let Some((_, block)) = queued.get_mut(&first) {
+                    let at = (pos % bs) as usize;
+                    block[at..at + bytes.len()].copy_from_slice(bytes);
+                    return true;
+                }
+            }
+            // Under `queued`'s lock a batch is either still queued or in flight.
+            let touched = |w: &Waiting| w.range(first..=last).next().is_some();
+            if !touched(&queued) && !self.in_flight.lock().as_deref().is_some_and(touched) {
+                return false;
+            }
+        }
+        // Waits for a send under way, then sends what is queued.
+        self.send(dev);
+        false
+    }
+
+    /// Sends everything waiting, sorted by block (before a commit, a sync),
+    /// after the send under way if there is one: when it returns, everything
+    /// queued before the call is on the device.
     pub(crate) fn send(&self, dev: &dyn BlockDevice) {
         if self.waiting.load(Ordering::Acquire) == 0 {
             return;
         }
-        self.send_locked(dev, &mut self.queued.lock());
+        let _one_at_a_time = self.sending.lock();
+        let batch = {
+            let mut queued = self.queued.lock();
+            if queued.is_empty() {
+                return;
+            }
+            let batch = Arc::new(std::mem::take(&mut *queued));
+            *self.in_flight.lock() = Some(batch.clone());
+            batch
+        };
+        self.write_batch(dev, &batch);
+        *self.in_flight.lock() = None;
+        // Only now: a reader that skips the locks because none wait must find
+        // them on the device.
+        self.waiting.fetch_sub(batch.len(), Ordering::Release);
     }
 
-    /// `block` was freed: whatever waits for it is dropped.
+    /// `block` was freed: whatever waits for it is dropped. (A block already
+    /// in flight is written anyway: a freed block is handed out again only
+    /// after the commit, whose send waits for this one.)
     pub(crate) fn forget(&self, block: u64) {
         if self.waiting.load(Ordering::Relaxed) == 0 {
             return;
@@ -160,19 +208,22 @@ impl WriteBehind {
         any
     }
 
-    /// Writes the waiting blocks in block order, each as its own request (a
-    /// run of neighbours streams on the device as one would). The lock stays
-    /// held, and `waiting` counts the blocks until they are written: a reader
-    /// that skips the lock because none wait must find them on the device.
-    fn send_locked(&self, dev: &dyn BlockDevice, queued: &mut Waiting) {
+    /// Writes a batch in block order, a run of one inode's neighbours as one
+    /// request; a refused request is remembered against its inode.
+    fn write_batch(&self, dev: &dyn BlockDevice, batch: &Waiting) {
         let bs = self.block_size as u64;
-        for (&block, (ino, data)) in queued.iter() {
-            if dev.write_at(block * bs, data).is_err() {
+        let mut blocks = batch.iter().peekable();
+        while let Some((&first, (ino, data))) = blocks.next() {
+            let mut run = data.to_vec();
+            let mut next = first + 1;
+            while let Some((_, (_, more))) = blocks.next_if(|(&b, (i, _))| b == next && i == ino) {
+                run.extend_from_slice(more);
+                next += 1;
+            }
+            if dev.write_at(first * bs, &run).is_err() {
                 self.failed.lock().insert(*ino);
             }
         }
-        self.waiting.fetch_sub(queued.len(), Ordering::Release);
-        queued.clear();
     }
 }
 

@@ -198,7 +198,13 @@ impl Filesystem {
                             self.vol.cache.queue_data(ino, p, &blocks);
                             Ok(())
                         }
-                        false => self.write_zero_padded(p, in_block, &rest[..bytes]),
+                        false => {
+                            // What waits went to blocks taken before these, most
+                            // often just below them: first, so the device sees
+                            // one sweep rather than two.
+                            self.vol.cache.send_data();
+                            self.write_zero_padded(p, in_block, &rest[..bytes])
+                        }
                     };
                     if let Err(e) = written {
                         // The new blocks go back (unmapped first where the block map
