@@ -258,8 +258,9 @@ impl Allocator {
     /// Whether the inode-table block of slot `index` is one the inode's write
     /// will make from zeros without reading it (`inodes::inode_block_unread`):
     /// not cached, and every other slot in it free in the bitmap (`others_free`,
-    /// from `Geometry::inode_block_others_free`), one whose checksum was verified. Its slot is not read to be checked then either:
-    /// the kernel trusts such a bitmap there, and a block read only for the
+    /// from `Geometry::inode_block_others_free`), one whose checksum was
+    /// verified. Its slot is not read to be checked then either: the kernel
+    /// trusts such a bitmap there, and a block read only for the
     /// check cost a read per new window of `dir_ireserve` (postmark's creates,
     /// 25x the modelled disk time). Without checksums a bitmap that lost bits
     /// would not be noticed, so the block is read and its slot checked.

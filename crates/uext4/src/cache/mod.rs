@@ -354,11 +354,12 @@ impl BufferCache {
         dropped
     }
 
-    /// Queues `data` (whole blocks) for the fresh blocks from `first`, which
-    /// `ino`'s write just took: written before the next commit
-    /// (write_behind.rs). For runs of at most `WRITE_BEHIND_RUN_MAX` blocks.
-    pub(crate) fn queue_data(&self, ino: u32, first: u64, data: &[u8]) {
-        self.data.queue(&*self.dev, ino, first, data);
+    /// Queues the `count` fresh blocks from `first`, which `ino`'s write just
+    /// took, holding `data` from byte `at` of the first and zeros around it:
+    /// written before the next commit (write_behind.rs). For runs of at most
+    /// `WRITE_BEHIND_RUN_MAX` blocks.
+    pub(crate) fn queue_data(&self, ino: u32, first: u64, count: u64, at: usize, data: &[u8]) {
+        self.data.queue(&*self.dev, ino, first, count, at, data);
     }
 
     /// Writes file data (or zeros over it) at byte `pos` of the device; the one
@@ -622,7 +623,7 @@ mod tests {
         assert_eq!(cache.drop_clean(), 1, "this thread's memo let go of it");
         let remembered = cache.get_verified_as(7, IoClass::Directory, ok).unwrap();
         drop(cache.get_verified_as(7, IoClass::Directory, ok).unwrap());
-        // Freed, then written anew behind the cache (file data goes straight to the device).
+        // Freed, then written anew behind the cache (as file data is).
         cache.forget(7);
         dev.write_at(7 * 1024, &[2u8; 1024]).unwrap();
         let next_life = cache.get_verified_as(7, IoClass::Directory, ok).unwrap();

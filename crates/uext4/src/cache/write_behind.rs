@@ -75,17 +75,31 @@ impl WriteBehind {
         }
     }
 
-    /// Queues the fresh blocks from `first` with `data` (whole blocks). Sends
-    /// everything waiting when that makes more than `WRITE_BEHIND_BLOCKS`.
+    /// Queues the `count` fresh blocks from `first`, holding `data` from byte
+    /// `at` of the first and zeros around it (what a write into a hole leaves
+    /// of them). Sends everything waiting when that makes more than
+    /// `WRITE_BEHIND_BLOCKS`.
     ///
     /// # Errors
     /// None of its own: a failed send is remembered for `fsync` (see the module).
-    pub(crate) fn queue(&self, dev: &dyn BlockDevice, ino: u32, first: u64, data: &[u8]) {
-        debug_assert_eq!(data.len() % self.block_size, 0);
+    pub(crate) fn queue(&self, dev: &dyn BlockDevice, ino: u32, first: u64, count: u64, at: usize, data: &[u8]) {
+        let bs = self.block_size;
+        debug_assert!(at + data.len() <= count as usize * bs);
+        // Each block made from zeros and its part of `data`, outside the lock.
+        let blocks: Vec<Box<[u8]>> = (0..count as usize)
+            .map(|i| {
+                let mut block = vec![0u8; bs].into_boxed_slice();
+                let (from, to) = ((i * bs).max(at), ((i + 1) * bs).min(at + data.len()));
+                if from < to {
+                    block[from - i * bs..to - i * bs].copy_from_slice(&data[from - at..to - at]);
+                }
+                block
+            })
+            .collect();
         let full = {
             let mut queued = self.queued.lock();
-            for (i, block) in data.chunks(self.block_size).enumerate() {
-                if queued.insert(first + i as u64, (ino, block.into())).is_none() {
+            for (block, content) in (first..).zip(blocks) {
+                if queued.insert(block, (ino, content)).is_none() {
                     self.waiting.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -242,7 +256,7 @@ mod tests {
     fn waiting_blocks_are_read_and_patched_as_if_written() {
         let dev = device();
         let wb = WriteBehind::new(BS);
-        wb.queue(&dev, 12, 5, &[1u8; 2 * BS]);
+        wb.queue(&dev, 12, 5, 2, 0, &[1u8; 2 * BS]);
         let mut raw = vec![0u8; BS];
         dev.read_at(5 * BS as u64, &mut raw).unwrap();
         assert!(raw.iter().all(|&b| b == 0), "nothing is written yet");
@@ -259,7 +273,7 @@ mod tests {
     fn a_freed_block_never_reaches_the_device() {
         let dev = device();
         let wb = WriteBehind::new(BS);
-        wb.queue(&dev, 12, 7, &[9u8; BS]);
+        wb.queue(&dev, 12, 7, 1, 0, &[9u8; BS]);
         wb.forget(7);
         wb.send(&dev);
         let mut raw = vec![1u8; BS];
@@ -273,7 +287,7 @@ mod tests {
         let dev = MemDevice::new(vec![0u8; blocks as usize * BS]);
         let wb = WriteBehind::new(BS);
         for i in 0..blocks {
-            wb.queue(&dev, 12, i, &[1u8; BS]);
+            wb.queue(&dev, 12, i, 1, 0, &[1u8; BS]);
         }
         assert_eq!(wb.waiting.load(Ordering::Relaxed), 0, "the last queue sent them all");
         let mut raw = vec![0u8; BS];
@@ -286,13 +300,13 @@ mod tests {
         use crate::dev::{BadSpot, BadSpotDevice};
         let dev = BadSpotDevice::new(std::sync::Arc::new(device()), BadSpot::Writes(0..BS as u64), true);
         let wb = WriteBehind::new(BS);
-        wb.queue(&dev, 12, 0, &[1u8; BS]);
-        wb.queue(&dev, 13, 1, &[1u8; BS]);
+        wb.queue(&dev, 12, 0, 1, 0, &[1u8; BS]);
+        wb.queue(&dev, 13, 1, 1, 0, &[1u8; BS]);
         wb.send(&dev);
         assert!(!wb.take_failure(13), "inode 13's block was written");
         assert!(wb.take_failure(12));
         assert!(!wb.take_failure(12), "reported once");
-        wb.queue(&dev, 14, 0, &[1u8; BS]);
+        wb.queue(&dev, 14, 0, 1, 0, &[1u8; BS]);
         wb.send(&dev);
         assert!(wb.take_any_failure());
         assert!(!wb.take_any_failure());

@@ -193,9 +193,7 @@ impl Filesystem {
                     // (cache/write_behind.rs); it cannot fail here.
                     let written = match got as u64 <= WRITE_BEHIND_RUN_MAX {
                         true => {
-                            let mut blocks = vec![0u8; got as usize * bs as usize];
-                            blocks[in_block..in_block + bytes].copy_from_slice(&rest[..bytes]);
-                            self.vol.cache.queue_data(ino, p, &blocks);
+                            self.vol.cache.queue_data(ino, p, got as u64, in_block, &rest[..bytes]);
                             Ok(())
                         }
                         false => {
